@@ -1,0 +1,164 @@
+// Encoder and Decoder: KV tensors to a cachegen container and back.
+//
+// A container (.cgkv) holds a context's KV split into chunks of tokens; each
+// chunk is encoded at one or more quality levels as a self-contained *frame*
+// (docs/FORMAT.md). Frames are what a chunk store keeps and streams; each
+// frame's layers decode independently.
+//
+// Thread safety: Encoder and Decoder are immutable after creation; all const
+// methods may be called concurrently. The free frame functions are reentrant.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cachegen/kv.h"
+#include "cachegen/status.h"
+
+namespace cachegen {
+
+// Codec names accepted by CodecConfig::codec.
+//   cachegen      the product codec (rate-controlled, see docs/FORMAT.md)
+//   fp16          raw IEEE half
+//   fp16-zstd     zstd level 3 over raw half
+//   q8, q4        block-32 symmetric quantization with an f16 scale (q8_0/q4_0-like)
+//   kivi2, kivi4  KIVI: per-channel keys, per-token values, group 32, recent 128 tokens f16
+//   cachegen-ref  the published CacheGen/LMCache quantizer + per-channel entropy coding
+std::vector<std::string> CodecNames();
+
+enum class Quantizer : uint8_t { kUniform = 0, kLloydMax = 1 };
+
+struct CodecConfig {
+  std::string codec = "cachegen";
+
+  // Rate control for the `cachegen` codec: exactly one target may be set
+  // (> 0). With none set, bits_per_value = 2.0 is used. Levels below the first
+  // follow the rule in docs/FORMAT.md ("Quality levels").
+  double bits_per_value = 0;  // average bits per value, all side information included
+  double snr_db = 0;          // per-layer signal-to-noise ratio of K and V
+  double max_rel_error = 0;   // max |error| / channel standard deviation
+  std::vector<double> level_bits;  // explicit per-level bits targets (overrides `levels`)
+  uint32_t levels = 1;             // quality levels per chunk, 1..8
+
+  uint32_t chunk_tokens = 256;  // tokens per chunk; 0 = the whole context as one chunk
+
+  // `cachegen` codec tuning; defaults chosen by measurement (see bench/).
+  uint32_t group_tokens = 0;   // prediction group size G; 0 = codec default
+  bool rotate = true;          // per-head Hadamard rotation (head_dim a power of two)
+  Quantizer quantizer = Quantizer::kUniform;
+  double layer_slope = 0.0;    // >0: shallow layers get finer steps (see FORMAT.md)
+  uint32_t recent_tokens = 0;  // most recent W tokens of the context at higher precision
+  double recent_step_scale = 0.5;  // their step multiplier; 0 = exact f16
+
+  uint32_t threads = 0;  // 0 = hardware concurrency
+};
+
+// What one frame (chunk × level) costs, as measured on the encoded bytes.
+struct FrameStats {
+  uint32_t chunk = 0;
+  uint32_t level = 0;
+  uint32_t token_start = 0;
+  uint32_t tokens = 0;
+  uint64_t bytes = 0;       // whole frame, headers included
+  uint64_t side_bytes = 0;  // scales, tables, codebooks
+  // Per layer: bits per value of K and of V payloads (side info included).
+  std::vector<double> layer_bits_k, layer_bits_v;
+  double bits_per_value = 0;  // bytes * 8 / values
+};
+
+struct EncodeStats {
+  uint64_t input_values = 0;
+  uint64_t container_bytes = 0;
+  std::vector<FrameStats> frames;
+  // Average over chunks of one level, every byte of the container included
+  // (container header and index spread over levels by their share).
+  std::vector<double> level_bits_per_value;
+};
+
+class Encoder {
+ public:
+  static Result<Encoder> Create(const CodecConfig& config);
+  const CodecConfig& config() const { return config_; }
+
+  // Encodes a whole context into a container. `token_start` is the absolute
+  // position of the view's first token (for multi-turn appends).
+  Result<std::vector<uint8_t>> Encode(const KVView& kv, EncodeStats* stats = nullptr,
+                                      uint32_t token_start = 0) const;
+
+  // Encodes one chunk at every configured level into standalone frames
+  // (index = level). `context_tokens` is the context length the chunk belongs
+  // to (for recency allocation); 0 means token_start + chunk tokens.
+  Result<std::vector<std::vector<uint8_t>>> EncodeChunk(const KVView& chunk, uint32_t token_start,
+                                                        uint32_t context_tokens,
+                                                        std::vector<FrameStats>* stats = nullptr) const;
+
+ private:
+  explicit Encoder(CodecConfig config) : config_(std::move(config)) {}
+  CodecConfig config_;
+};
+
+// Header facts of one frame, read without decoding its payload.
+struct FrameInfo {
+  std::string codec;
+  uint32_t format_version = 0;
+  DType dtype = DType::kF16;  // dtype of the encoded source
+  KVShape shape;              // tokens = tokens of this frame
+  uint32_t level = 0;
+  uint32_t token_start = 0;
+  uint32_t context_tokens = 0;
+  uint64_t bytes = 0;
+  uint64_t header_bytes = 0;
+  uint64_t side_bytes = 0;
+  // Per layer payload bytes of K and V (side info included).
+  std::vector<uint64_t> layer_bytes_k, layer_bytes_v;
+};
+
+// Validates a frame's header and returns its facts (payload checksums are
+// verified on decode).
+Result<FrameInfo> InspectFrame(std::span<const uint8_t> frame);
+// Decodes a whole frame into `out` (shape must equal the frame's shape; any dtype).
+Status DecodeFrame(std::span<const uint8_t> frame, const KVView& out, uint32_t threads = 1);
+// Decodes one layer of a frame: writes only that layer of `out`.
+Status DecodeFrameLayer(std::span<const uint8_t> frame, uint32_t layer, const KVView& out);
+
+struct ChunkEntry {
+  uint32_t token_start = 0;
+  uint32_t tokens = 0;
+  std::vector<uint64_t> frame_offset;  // per level, from the container start
+  std::vector<uint64_t> frame_size;
+};
+
+struct ContainerInfo {
+  uint32_t format_version = 0;
+  std::string codec;
+  DType dtype = DType::kF16;
+  KVShape shape;  // whole context
+  uint32_t token_start = 0;
+  uint32_t levels = 0;
+  uint32_t chunk_tokens = 0;
+  uint64_t bytes = 0;
+  std::vector<ChunkEntry> chunks;
+};
+
+class Decoder {
+ public:
+  // Validates the container header and chunk index. The bytes are not copied:
+  // they must outlive the Decoder.
+  static Result<Decoder> Open(std::span<const uint8_t> container);
+  const ContainerInfo& info() const { return info_; }
+
+  // Decodes every chunk at `level` into `out` (shape = info().shape).
+  Status Decode(const KVView& out, uint32_t level = 0, uint32_t threads = 0) const;
+  Result<KVTensor> Decode(DType dtype, uint32_t level = 0, uint32_t threads = 0) const;
+  // The frame of chunk `chunk` at `level`.
+  Result<std::span<const uint8_t>> Frame(uint32_t chunk, uint32_t level) const;
+
+ private:
+  Decoder() = default;
+  std::span<const uint8_t> bytes_;
+  ContainerInfo info_;
+};
+
+}  // namespace cachegen

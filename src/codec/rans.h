@@ -1,0 +1,46 @@
+// rANS entropy coding of integer symbol streams.
+//
+// Written by hand because it is the product: a 32-bit rANS with several
+// interleaved states (lanes), 16-bit renormalisation, 12-bit probabilities and
+// a table-driven decoder (one table lookup per symbol, no search, no per-bit
+// loop). Symbols are non-negative integers; values at or above the stream's
+// escape threshold are coded as an escape symbol plus a varint in a side
+// buffer, so nothing is ever clipped.
+//
+// A stream is self-describing (docs/FORMAT.md, "Symbol streams"): frequency
+// table, escape threshold, lane count, payload length, escape bytes, payload.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "cachegen/status.h"
+#include "common/bytes.h"
+
+namespace cachegen::rans {
+
+constexpr uint32_t kProbBits = 12;
+constexpr uint32_t kProbScale = 1u << kProbBits;
+constexpr uint32_t kMaxAlphabet = 256;  // direct symbols incl. the escape symbol
+constexpr uint32_t kDefaultLanes = 8;
+constexpr uint32_t kMaxLanes = 32;
+
+struct EncodeOptions {
+  uint32_t lanes = kDefaultLanes;  // 1..kMaxLanes
+};
+
+// Appends one stream coding `symbols` to out.
+void EncodeStream(std::span<const uint32_t> symbols, ByteWriter& out, const EncodeOptions& options = {});
+
+// Bytes EncodeStream would append for symbols with this histogram
+// (histogram[v] = count of value v; values beyond the histogram's end are not
+// allowed), computed without encoding: used by rate control. Exact to within
+// the rANS flush bytes (a few bytes per lane).
+uint64_t EstimateStreamBytes(std::span<const uint64_t> histogram, const EncodeOptions& options = {});
+
+// Reads one stream of exactly out.size() symbols from in. Untrusted input:
+// any malformed table, payload or escape data is a kCorrupt Status.
+Status DecodeStream(ByteReader& in, std::span<uint32_t> out);
+
+}  // namespace cachegen::rans
