@@ -1,0 +1,148 @@
+// Decoder and the free frame functions. Every byte is untrusted: frames are
+// parsed and checked against what the container index promises before any
+// section is decoded, and each section's checksum is verified before its
+// codec sees it.
+#include <string>
+
+#include "cachegen/codec.h"
+#include "codec/codec.h"
+#include "common/parallel.h"
+#include "format/container.h"
+#include "format/frame.h"
+
+namespace cachegen {
+namespace {
+
+// Decodes section (layer, kv) of a parsed frame into `out` (frame's shape).
+Status DecodeSectionInto(const Codec& codec, const ParsedFrame& p, std::span<const uint8_t> frame,
+                         uint32_t layer, KV kv, const KVView& out, std::vector<float>& scratch) {
+  CG_ASSIGN_OR_RETURN(std::span<const uint8_t> payload, SectionPayload(p, frame, layer, kv));
+  const FrameHeader& h = p.header;
+  const uint64_t row = h.shape.channels();
+  scratch.assign(uint64_t{h.shape.tokens} * row, 0.0f);
+  SectionContext ctx;
+  ctx.shape = h.shape;
+  ctx.layer = layer;
+  ctx.kv = kv;
+  ctx.level = h.level;
+  ctx.token_start = h.token_start;
+  ctx.context_tokens = h.context_tokens;
+  ctx.params = h.params;
+  CG_RETURN_IF_ERROR(codec.DecodeSection(ctx, payload, scratch));
+  for (uint32_t t = 0; t < h.shape.tokens; ++t) out.WriteRow(layer, kv, t, &scratch[t * row]);
+  return Status::Ok();
+}
+
+Status DecodeParsed(const ParsedFrame& p, std::span<const uint8_t> frame, const KVView& out, uint32_t threads) {
+  if (!(out.shape() == p.header.shape))
+    return Status::InvalidArgument("output shape " + out.shape().ToString() + " does not match frame shape " +
+                                   p.header.shape.ToString());
+  CG_ASSIGN_OR_RETURN(const Codec* codec, CodecById(static_cast<uint8_t>(p.header.codec)));
+  const uint64_t sections = p.sections.size();
+  if (threads <= 1) {
+    std::vector<float> scratch;
+    for (uint64_t i = 0; i < sections; ++i)
+      CG_RETURN_IF_ERROR(DecodeSectionInto(*codec, p, frame, static_cast<uint32_t>(i / 2),
+                                           static_cast<KV>(i % 2), out, scratch));
+    return Status::Ok();
+  }
+  return ParallelFor(sections, threads, [&](uint64_t i) {
+    std::vector<float> scratch;
+    return DecodeSectionInto(*codec, p, frame, static_cast<uint32_t>(i / 2), static_cast<KV>(i % 2), out, scratch);
+  });
+}
+
+}  // namespace
+
+Result<FrameInfo> InspectFrame(std::span<const uint8_t> frame) {
+  CG_ASSIGN_OR_RETURN(ParsedFrame p, ParseFrame(frame));
+  CG_ASSIGN_OR_RETURN(const Codec* codec, CodecById(static_cast<uint8_t>(p.header.codec)));
+  FrameInfo info;
+  info.codec = std::string(codec->name());
+  info.format_version = kFormatVersion;
+  info.dtype = p.header.dtype;
+  info.shape = p.header.shape;
+  info.level = p.header.level;
+  info.token_start = p.header.token_start;
+  info.context_tokens = p.header.context_tokens;
+  info.bytes = frame.size();
+  info.header_bytes = p.header_bytes;
+  for (size_t i = 0; i < p.sections.size(); ++i) {
+    info.side_bytes += p.sections[i].side_bytes;
+    (i % 2 == 0 ? info.layer_bytes_k : info.layer_bytes_v).push_back(p.sections[i].size);
+  }
+  return info;
+}
+
+Status DecodeFrame(std::span<const uint8_t> frame, const KVView& out, uint32_t threads) {
+  CG_ASSIGN_OR_RETURN(ParsedFrame p, ParseFrame(frame));
+  return DecodeParsed(p, frame, out, ResolveThreads(threads));
+}
+
+Status DecodeFrameLayer(std::span<const uint8_t> frame, uint32_t layer, const KVView& out) {
+  CG_ASSIGN_OR_RETURN(ParsedFrame p, ParseFrame(frame));
+  if (!(out.shape() == p.header.shape))
+    return Status::InvalidArgument("output shape " + out.shape().ToString() + " does not match frame shape " +
+                                   p.header.shape.ToString());
+  if (layer >= p.header.shape.layers)
+    return Status::InvalidArgument("layer " + std::to_string(layer) + " out of range (frame has " +
+                                   std::to_string(p.header.shape.layers) + ")");
+  CG_ASSIGN_OR_RETURN(const Codec* codec, CodecById(static_cast<uint8_t>(p.header.codec)));
+  std::vector<float> scratch;
+  CG_RETURN_IF_ERROR(DecodeSectionInto(*codec, p, frame, layer, KV::kKey, out, scratch));
+  return DecodeSectionInto(*codec, p, frame, layer, KV::kValue, out, scratch);
+}
+
+Result<Decoder> Decoder::Open(std::span<const uint8_t> container) {
+  CG_ASSIGN_OR_RETURN(ContainerInfo info, ParseContainer(container));
+  Decoder d;
+  d.bytes_ = container;
+  d.info_ = std::move(info);
+  return d;
+}
+
+Result<std::span<const uint8_t>> Decoder::Frame(uint32_t chunk, uint32_t level) const {
+  if (chunk >= info_.chunks.size())
+    return Status::InvalidArgument("chunk " + std::to_string(chunk) + " out of range");
+  if (level >= info_.levels) return Status::InvalidArgument("level " + std::to_string(level) + " out of range");
+  const ChunkEntry& e = info_.chunks[chunk];
+  return bytes_.subspan(e.frame_offset[level], e.frame_size[level]);  // bounds checked by ParseContainer
+}
+
+Status Decoder::Decode(const KVView& out, uint32_t level, uint32_t threads) const {
+  if (!(out.shape() == info_.shape))
+    return Status::InvalidArgument("output shape " + out.shape().ToString() + " does not match container shape " +
+                                   info_.shape.ToString());
+  if (level >= info_.levels)
+    return Status::InvalidArgument("level " + std::to_string(level) + " out of range (container has " +
+                                   std::to_string(info_.levels) + ")");
+  const uint32_t workers = ResolveThreads(threads);
+  const uint64_t chunks = info_.chunks.size();
+  // Parallel over chunks; a single chunk is instead parallel over its sections.
+  const uint32_t inner = chunks == 1 ? workers : 1;
+  return ParallelFor(chunks, workers, [&](uint64_t c) -> Status {
+    const ChunkEntry& e = info_.chunks[c];
+    CG_ASSIGN_OR_RETURN(std::span<const uint8_t> frame, Frame(static_cast<uint32_t>(c), level));
+    CG_ASSIGN_OR_RETURN(ParsedFrame p, ParseFrame(frame));
+    const FrameHeader& h = p.header;
+    const std::string where = "chunk " + std::to_string(c) + " level " + std::to_string(level);
+    auto codec = CodecById(static_cast<uint8_t>(h.codec));
+    if (!codec.ok() || (*codec)->name() != info_.codec)
+      return Status::Corrupt(where + " frame codec differs from the container's");
+    if (h.dtype != info_.dtype) return Status::Corrupt(where + " frame dtype differs from the container's");
+    if (h.level != level) return Status::Corrupt(where + " frame has level " + std::to_string(h.level));
+    if (h.shape.layers != info_.shape.layers || h.shape.kv_heads != info_.shape.kv_heads ||
+        h.shape.head_dim != info_.shape.head_dim || h.shape.tokens != e.tokens)
+      return Status::Corrupt(where + " frame shape " + h.shape.ToString() + " differs from the index");
+    if (h.token_start != e.token_start) return Status::Corrupt(where + " frame token_start differs from the index");
+    return DecodeParsed(p, frame, out.Tokens(e.token_start - info_.token_start, e.tokens), inner);
+  });
+}
+
+Result<KVTensor> Decoder::Decode(DType dtype, uint32_t level, uint32_t threads) const {
+  KVTensor t(info_.shape, dtype);
+  CG_RETURN_IF_ERROR(Decode(t.view(), level, threads));
+  return t;
+}
+
+}  // namespace cachegen
