@@ -1,0 +1,42 @@
+// Reading and writing KV tensors from files (docs/spec/io.md).
+//
+// The format is chosen by the path's extension:
+//   .npy          one array [L, 2, T, H, D], dtype <f4 or <f2, C order
+//   .safetensors  tensors "layers.{i}.k" and "layers.{i}.v", each [T, H, D],
+//                 dtype F32, F16 or BF16 (all tensors the same dtype)
+//   .kvraw        cachegen's raw dump: a 32-byte header + contiguous data
+//
+// Every file is treated as hostile: sizes are validated against the file's
+// length before anything is allocated, and non-finite values are rejected
+// with their position.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "cachegen/kv.h"
+#include "cachegen/status.h"
+
+namespace cachegen {
+
+enum class KVFileFormat { kNpy, kSafetensors, kKvRaw };
+
+// The format for a path's extension, or InvalidArgument naming the supported ones.
+Result<KVFileFormat> KVFileFormatFromPath(const std::string& path);
+
+// Reads a KV tensor; the tensor keeps the file's dtype.
+Result<KVTensor> ReadKV(const std::string& path);
+// Writes a KV tensor in the format of the path's extension. .npy cannot hold
+// bf16 (numpy has no such dtype): such tensors are written as f32.
+Status WriteKV(const std::string& path, const KVTensor& tensor);
+
+// In-memory forms of the above, used by ReadKV/WriteKV and the fuzz tests.
+Result<KVTensor> ParseKV(std::span<const uint8_t> bytes, KVFileFormat format);
+Result<std::vector<uint8_t>> SerializeKV(const KVTensor& tensor, KVFileFormat format);
+
+// Whole-file helpers.
+Result<std::vector<uint8_t>> ReadFileBytes(const std::string& path);
+Status WriteFileBytes(const std::string& path, std::span<const uint8_t> bytes);
+
+}  // namespace cachegen
