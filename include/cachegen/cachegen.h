@@ -1,0 +1,80 @@
+/* cachegen C API: encode a contiguous KV cache into a container and back.
+ *
+ * Plain C (C99), for FFI users (Python ctypes, Rust, Go). Tensors are
+ * contiguous [layer][K|V][token][head][dim] in the given dtype. Every function
+ * returns a cg_status (0 = CG_OK); on failure a one-line message is written to
+ * `err` (NUL-terminated, truncated to err_len; err may be NULL). All functions
+ * are thread-safe and hold no global state.
+ */
+#ifndef CACHEGEN_CACHEGEN_H_
+#define CACHEGEN_CACHEGEN_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Same values as cachegen::StatusCode. */
+enum cg_status {
+  CG_OK = 0,
+  CG_INVALID_ARGUMENT = 1,
+  CG_CORRUPT = 2,
+  CG_UNSUPPORTED = 3,
+  CG_NOT_FOUND = 4,
+  CG_IO_ERROR = 5,
+  CG_INTERNAL = 6
+};
+
+/* Same values as cachegen::DType. */
+enum cg_dtype { CG_F32 = 0, CG_F16 = 1, CG_BF16 = 2 };
+
+typedef struct cg_config {
+  const char* codec;      /* NULL = "cachegen" */
+  double bits_per_value;  /* at most one of these three > 0 */
+  double snr_db;
+  double max_rel_error;
+  uint32_t levels;        /* 1..8; 0 = 1 */
+  uint32_t chunk_tokens;  /* 0 = the whole context as one chunk */
+  uint32_t threads;       /* 0 = hardware concurrency */
+  uint32_t token_start;   /* absolute position of the first token */
+} cg_config;
+
+typedef struct cg_info {
+  char codec[32];
+  int dtype; /* cg_dtype of the encoded source */
+  uint32_t layers, kv_heads, head_dim, tokens;
+  uint32_t token_start;
+  uint32_t levels;
+  uint32_t chunk_tokens;
+  uint32_t chunks;
+  uint64_t bytes;
+} cg_info;
+
+/* The library defaults (codec "cachegen", 2 bits/value, chunks of 256). */
+void cg_config_default(cg_config* cfg);
+
+/* Encodes data (dtype, shape layers x heads x dim x tokens) into a new buffer
+ * *out of *out_len bytes, which the caller releases with cg_free. cfg may be
+ * NULL for the defaults. */
+int cg_encode(const void* data, int dtype, uint32_t layers, uint32_t kv_heads, uint32_t head_dim,
+              uint32_t tokens, const cg_config* cfg, uint8_t** out, size_t* out_len, char* err,
+              size_t err_len);
+
+/* Reads a container's header and index. */
+int cg_inspect(const uint8_t* container, size_t len, cg_info* info, char* err, size_t err_len);
+
+/* Decodes the container at quality `level` into out, a contiguous tensor of
+ * the container's shape in `dtype`; out_len must be exactly its byte size. */
+int cg_decode(const uint8_t* container, size_t len, uint32_t level, int dtype, void* out, size_t out_len,
+              uint32_t threads, char* err, size_t err_len);
+
+/* Releases a buffer returned by cg_encode. NULL is ignored. */
+void cg_free(void* p);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CACHEGEN_CACHEGEN_H_ */

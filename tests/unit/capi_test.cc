@@ -1,0 +1,83 @@
+// The C API: round trip, inspect, and error reporting.
+#include "cachegen/cachegen.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+TEST(CApi, RoundTripFp16) {
+  const uint32_t L = 2, H = 2, D = 8, T = 20;
+  std::vector<float> in(size_t{L} * 2 * T * H * D);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = std::sin(float(i) * 0.37f);
+  cg_config cfg;
+  cg_config_default(&cfg);
+  cfg.codec = "fp16";
+  cfg.chunk_tokens = 8;
+  cfg.token_start = 5;
+  uint8_t* buf = nullptr;
+  size_t len = 0;
+  char err[128];
+  ASSERT_EQ(cg_encode(in.data(), CG_F32, L, H, D, T, &cfg, &buf, &len, err, sizeof err), CG_OK) << err;
+  ASSERT_NE(buf, nullptr);
+  EXPECT_GT(len, in.size() * 2);
+
+  cg_info info;
+  ASSERT_EQ(cg_inspect(buf, len, &info, err, sizeof err), CG_OK) << err;
+  EXPECT_STREQ(info.codec, "fp16");
+  EXPECT_EQ(info.dtype, CG_F32);
+  EXPECT_EQ(info.layers, L);
+  EXPECT_EQ(info.kv_heads, H);
+  EXPECT_EQ(info.head_dim, D);
+  EXPECT_EQ(info.tokens, T);
+  EXPECT_EQ(info.token_start, 5u);
+  EXPECT_EQ(info.levels, 1u);
+  EXPECT_EQ(info.chunks, 3u);
+  EXPECT_EQ(info.bytes, len);
+
+  std::vector<float> out(in.size());
+  ASSERT_EQ(cg_decode(buf, len, 0, CG_F32, out.data(), out.size() * 4, 2, err, sizeof err), CG_OK) << err;
+  for (size_t i = 0; i < in.size(); ++i) ASSERT_NEAR(out[i], in[i], 1e-3) << i;
+  std::vector<uint16_t> half(in.size());
+  EXPECT_EQ(cg_decode(buf, len, 0, CG_F16, half.data(), half.size() * 2, 1, err, sizeof err), CG_OK) << err;
+
+  // Errors: wrong buffer size, bad level, corrupt bytes, truncated message buffer.
+  EXPECT_EQ(cg_decode(buf, len, 0, CG_F32, out.data(), out.size() * 4 - 1, 1, err, sizeof err),
+            CG_INVALID_ARGUMENT);
+  EXPECT_NE(std::strstr(err, "bytes"), nullptr);
+  EXPECT_EQ(cg_decode(buf, len, 1, CG_F32, out.data(), out.size() * 4, 1, err, sizeof err), CG_INVALID_ARGUMENT);
+  buf[len - 1] ^= 1;
+  EXPECT_EQ(cg_decode(buf, len, 0, CG_F32, out.data(), out.size() * 4, 1, err, sizeof err), CG_CORRUPT);
+  EXPECT_GT(std::strlen(err), 0u);
+  char tiny[4];
+  EXPECT_EQ(cg_inspect(buf, 3, &info, tiny, sizeof tiny), CG_CORRUPT);
+  EXPECT_EQ(std::strlen(tiny), 3u);
+  EXPECT_EQ(cg_inspect(buf, 3, &info, nullptr, 0), CG_CORRUPT);
+  cg_free(buf);
+  cg_free(nullptr);
+}
+
+TEST(CApi, EncodeErrors) {
+  float x[16] = {};
+  uint8_t* buf = reinterpret_cast<uint8_t*>(1);
+  size_t len = 7;
+  char err[128];
+  cg_config cfg;
+  cg_config_default(&cfg);
+  cfg.codec = "no-such-codec";
+  EXPECT_EQ(cg_encode(x, CG_F32, 1, 1, 8, 1, &cfg, &buf, &len, err, sizeof err), CG_INVALID_ARGUMENT);
+  EXPECT_EQ(buf, nullptr);
+  EXPECT_EQ(len, 0u);
+  EXPECT_NE(std::strstr(err, "no-such-codec"), nullptr);
+  cfg.codec = "fp16";
+  EXPECT_EQ(cg_encode(x, 7, 1, 1, 8, 1, &cfg, &buf, &len, err, sizeof err), CG_INVALID_ARGUMENT);
+  EXPECT_EQ(cg_encode(x, CG_F32, 0, 1, 8, 1, &cfg, &buf, &len, err, sizeof err), CG_INVALID_ARGUMENT);
+  EXPECT_EQ(cg_encode(nullptr, CG_F32, 1, 1, 8, 1, &cfg, &buf, &len, err, sizeof err), CG_INVALID_ARGUMENT);
+  x[3] = NAN;
+  EXPECT_EQ(cg_encode(x, CG_F32, 1, 1, 8, 1, &cfg, &buf, &len, err, sizeof err), CG_INVALID_ARGUMENT);
+}
+
+}  // namespace
