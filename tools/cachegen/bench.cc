@@ -1,0 +1,185 @@
+// `cachegen bench` and `cachegen demo`: every codec on the same KV, with
+// memcpy and zstd decode speed measured in the same run as references.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <zstd.h>
+
+#include "cachegen/cli.h"
+#include "cachegen/codec.h"
+#include "common/parallel.h"
+
+namespace cachegen::cli {
+namespace {
+
+double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Median seconds of `reps` runs of fn (fn returns a Status; the first failure wins).
+template <typename Fn>
+Result<double> TimeMedian(uint32_t reps, Fn&& fn) {
+  std::vector<double> t;
+  for (uint32_t r = 0; r < std::max(reps, 1u); ++r) {
+    const auto a = std::chrono::steady_clock::now();
+    Status st = fn();
+    const auto b = std::chrono::steady_clock::now();
+    if (!st.ok()) return st;
+    t.push_back(Seconds(a, b));
+  }
+  return Median(t);
+}
+
+struct CodecResult {
+  std::string name;
+  std::string status = "ok";  // "ok", "unavailable", "error"
+  std::string message;
+  double bits_per_value = 0, ratio_vs_fp16 = 0;
+  Quality q;
+  double encode_mb_s = 0, encode_mb_s_mt = 0, decode_mb_s = 0, decode_mb_s_mt = 0, decode_vs_zstd = 0;
+};
+
+nlohmann::json Num(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
+
+Status BenchOne(const KVTensor& input, const std::string& codec, const BenchOptions& o, double mb, CodecResult* r) {
+  CodecConfig cfg;
+  cfg.codec = codec;
+  cfg.chunk_tokens = o.chunk_tokens;
+  if (o.bits > 0 && codec == "cachegen") cfg.bits_per_value = o.bits;
+  cfg.threads = 1;
+  CG_ASSIGN_OR_RETURN(Encoder enc1, Encoder::Create(cfg));
+  cfg.threads = o.threads;
+  CG_ASSIGN_OR_RETURN(Encoder encn, Encoder::Create(cfg));
+
+  std::vector<uint8_t> bytes;
+  CG_ASSIGN_OR_RETURN(double t_enc, TimeMedian(o.reps, [&]() -> Status {
+                        CG_ASSIGN_OR_RETURN(bytes, enc1.Encode(input.view()));
+                        return Status::Ok();
+                      }));
+  CG_ASSIGN_OR_RETURN(double t_enc_mt, TimeMedian(o.reps, [&]() -> Status {
+                        CG_ASSIGN_OR_RETURN(bytes, encn.Encode(input.view()));
+                        return Status::Ok();
+                      }));
+  CG_ASSIGN_OR_RETURN(Decoder dec, Decoder::Open(bytes));
+  KVTensor out(input.shape(), DType::kF16);
+  CG_ASSIGN_OR_RETURN(double t_dec, TimeMedian(o.reps, [&] { return dec.Decode(out.view(), 0, 1); }));
+  CG_ASSIGN_OR_RETURN(double t_dec_mt, TimeMedian(o.reps, [&] { return dec.Decode(out.view(), 0, o.threads); }));
+
+  const double values = static_cast<double>(input.shape().values());
+  r->bits_per_value = static_cast<double>(bytes.size()) * 8.0 / values;
+  r->ratio_vs_fp16 = 16.0 / r->bits_per_value;
+  r->q = Compare(input, out);
+  r->encode_mb_s = mb / t_enc;
+  r->encode_mb_s_mt = mb / t_enc_mt;
+  r->decode_mb_s = mb / t_dec;
+  r->decode_mb_s_mt = mb / t_dec_mt;
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status RunBench(const KVTensor& input, const std::string& input_name, const BenchOptions& o) {
+  const KVTensor f16 = input.dtype() == DType::kF16 ? KVTensor() : input.Converted(DType::kF16);
+  const KVTensor& half = input.dtype() == DType::kF16 ? input : f16;
+  const double mb = static_cast<double>(half.size_bytes()) / 1e6;
+  const uint32_t reps = std::max(o.reps, 1u);
+
+  // References on the same fp16 bytes: memcpy and zstd -3 decompression (single thread).
+  std::vector<uint8_t> copy(half.size_bytes());
+  CG_ASSIGN_OR_RETURN(double t_memcpy, TimeMedian(reps * 3, [&] {
+                        std::memcpy(copy.data(), half.data(), half.size_bytes());
+                        return Status::Ok();
+                      }));
+  std::vector<uint8_t> z(ZSTD_compressBound(half.size_bytes()));
+  const size_t zn = ZSTD_compress(z.data(), z.size(), half.data(), half.size_bytes(), 3);
+  if (ZSTD_isError(zn)) return Status::Internal(std::string("zstd: ") + ZSTD_getErrorName(zn));
+  CG_ASSIGN_OR_RETURN(double t_zstd, TimeMedian(reps, [&]() -> Status {
+                        const size_t n = ZSTD_decompress(copy.data(), copy.size(), z.data(), zn);
+                        if (ZSTD_isError(n) || n != half.size_bytes()) return Status::Internal("zstd decompress failed");
+                        return Status::Ok();
+                      }));
+  const double memcpy_mb_s = mb / t_memcpy, zstd_mb_s = mb / t_zstd;
+
+  std::vector<std::string> names = o.codecs.empty() ? CodecNames() : o.codecs;
+  std::vector<CodecResult> results;
+  bool failed = false;
+  for (const std::string& name : names) {
+    CodecResult r;
+    r.name = name;
+    Status st = BenchOne(half, name, o, mb, &r);
+    if (!st.ok()) {
+      r.status = st.code() == StatusCode::kUnsupported ? "unavailable" : "error";
+      r.message = st.message();
+      failed |= st.code() != StatusCode::kUnsupported;
+    } else {
+      r.decode_vs_zstd = r.decode_mb_s / zstd_mb_s;
+    }
+    if (!o.json && r.status != "ok") std::fprintf(stderr, "cachegen: %s: %s: %s\n", name.c_str(), r.status.c_str(), r.message.c_str());
+    results.push_back(std::move(r));
+  }
+
+  const KVShape& s = input.shape();
+  if (o.json) {
+    nlohmann::json j;
+    j["codecs"] = nlohmann::json::array();
+    for (const CodecResult& r : results) {
+      nlohmann::json c = {{"name", r.name}, {"status", r.status}};
+      if (r.status == "ok") {
+        c["bits_per_value"] = Num(r.bits_per_value);
+        c["ratio_vs_fp16"] = Num(r.ratio_vs_fp16);
+        c["snr_db_k"] = Num(r.q.snr_db_k);
+        c["snr_db_v"] = Num(r.q.snr_db_v);
+        c["max_err_k"] = Num(r.q.max_err_k);
+        c["max_err_v"] = Num(r.q.max_err_v);
+        c["encode_mb_s"] = Num(r.encode_mb_s);
+        c["encode_mb_s_mt"] = Num(r.encode_mb_s_mt);
+        c["decode_mb_s"] = Num(r.decode_mb_s);
+        c["decode_mb_s_mt"] = Num(r.decode_mb_s_mt);
+        c["decode_vs_zstd"] = Num(r.decode_vs_zstd);
+      } else {
+        c["message"] = r.message;
+      }
+      j["codecs"].push_back(std::move(c));
+    }
+    j["reference"] = {{"memcpy_mb_s", Num(memcpy_mb_s)}, {"zstd_decode_mb_s", Num(zstd_mb_s)},
+                      {"zstd_bits_per_value", Num(static_cast<double>(zn) * 8.0 / static_cast<double>(s.values()))}};
+    j["input"] = {{"name", input_name},       {"layers", s.layers}, {"kv_heads", s.kv_heads},
+                  {"head_dim", s.head_dim},   {"tokens", s.tokens}, {"dtype", DTypeName(input.dtype())},
+                  {"values", s.values()},     {"reps", reps},       {"chunk_tokens", o.chunk_tokens},
+                  {"threads", ResolveThreads(o.threads)}};
+    std::puts(j.dump(2).c_str());
+  } else {
+    std::printf("input: %s (%s, %s, %.1f MB as fp16), median of %u reps, %u threads for _mt\n", input_name.c_str(),
+                s.ToString().c_str(), DTypeName(input.dtype()), mb, reps, ResolveThreads(o.threads));
+    std::printf("%-13s %6s %6s %8s %8s %9s %9s %8s %8s %9s %7s\n", "codec", "bits", "ratio", "snrK_dB", "snrV_dB",
+                "maxerrK", "maxerrV", "encMB/s", "decMB/s", "decMB/smt", "vsZstd");
+    for (const CodecResult& r : results) {
+      if (r.status != "ok") {
+        std::printf("%-13s %s\n", r.name.c_str(), r.status.c_str());
+        continue;
+      }
+      auto snr = [](double v) { return std::isfinite(v) ? fmt::format("{:.2f}", v) : std::string("exact"); };
+      std::printf("%-13s %6.3f %6.2f %8s %8s %9.4g %9.4g %8.0f %8.0f %9.0f %7.2f\n", r.name.c_str(), r.bits_per_value,
+                  r.ratio_vs_fp16, snr(r.q.snr_db_k).c_str(), snr(r.q.snr_db_v).c_str(), r.q.max_err_k, r.q.max_err_v,
+                  r.encode_mb_s, r.decode_mb_s, r.decode_mb_s_mt, r.decode_vs_zstd);
+    }
+    std::printf("reference: memcpy %.0f MB/s, zstd -3 decode %.0f MB/s (%.3f bits/value)\n", memcpy_mb_s, zstd_mb_s,
+                static_cast<double>(zn) * 8.0 / static_cast<double>(s.values()));
+    std::printf("MB = 1e6 bytes of fp16 output; bits include all headers and side information\n");
+  }
+  if (failed) return Status::Internal("some codecs failed (see above)");
+  return Status::Ok();
+}
+
+}  // namespace cachegen::cli

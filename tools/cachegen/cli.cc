@@ -1,0 +1,73 @@
+#include "cachegen/cli.h"
+
+#include <cmath>
+#include <algorithm>
+#include <limits>
+#include <string_view>
+
+#include "kv/io.h"
+#include "kv/synthetic.h"
+
+namespace cachegen::cli {
+
+Result<SyntheticSpec> ParseSyntheticSpec(const std::string& spec) {
+  std::vector<uint64_t> v;
+  size_t pos = 0;
+  while (pos <= spec.size()) {
+    const size_t comma = std::min(spec.find(',', pos), spec.size());
+    const std::string part = spec.substr(pos, comma - pos);
+    if (part.empty() || part.size() > 19 || part.find_first_not_of("0123456789") != std::string::npos)
+      return Status::InvalidArgument("synthetic spec '" + spec + "': want L,H,D,T[,seed] (non-negative integers)");
+    v.push_back(std::stoull(part));
+    pos = comma + 1;
+  }
+  if (v.size() != 4 && v.size() != 5)
+    return Status::InvalidArgument("synthetic spec '" + spec + "': want L,H,D,T[,seed]");
+  for (size_t i = 0; i < 4; ++i)
+    if (v[i] > 0xffffffffu) return Status::InvalidArgument("synthetic spec '" + spec + "': dimension too large");
+  SyntheticSpec s;
+  s.shape.layers = static_cast<uint32_t>(v[0]);
+  s.shape.kv_heads = static_cast<uint32_t>(v[1]);
+  s.shape.head_dim = static_cast<uint32_t>(v[2]);
+  s.shape.tokens = static_cast<uint32_t>(v[3]);
+  if (v.size() == 5) s.seed = v[4];
+  CG_RETURN_IF_ERROR(s.shape.Validate());
+  return s;
+}
+
+Result<KVTensor> LoadInput(const std::string& input) {
+  constexpr std::string_view kPrefix = "synthetic:";
+  if (input.compare(0, kPrefix.size(), kPrefix) == 0) {
+    CG_ASSIGN_OR_RETURN(SyntheticSpec s, ParseSyntheticSpec(input.substr(kPrefix.size())));
+    return SyntheticKV(s.shape, DType::kF16, s.seed);
+  }
+  return ReadKV(input);
+}
+
+Quality Compare(const KVTensor& a, const KVTensor& b) {
+  const KVShape& s = a.shape();
+  const uint64_t C = s.channels();
+  std::vector<float> ra(C), rb(C);
+  double sig[2] = {0, 0}, err[2] = {0, 0}, mx[2] = {0, 0};
+  const KVView va = a.view(), vb = b.view();
+  for (uint32_t l = 0; l < s.layers; ++l)
+    for (KV kv : {KV::kKey, KV::kValue}) {
+      const int k = static_cast<int>(kv);
+      for (uint32_t t = 0; t < s.tokens; ++t) {
+        va.ReadRow(l, kv, t, ra.data());
+        vb.ReadRow(l, kv, t, rb.data());
+        for (uint64_t c = 0; c < C; ++c) {
+          const double d = static_cast<double>(ra[c]) - rb[c];
+          sig[k] += static_cast<double>(ra[c]) * ra[c];
+          err[k] += d * d;
+          mx[k] = std::max(mx[k], std::abs(d));
+        }
+      }
+    }
+  auto snr = [](double s, double e) {
+    return e == 0 ? std::numeric_limits<double>::infinity() : 10.0 * std::log10(s / e);
+  };
+  return Quality{snr(sig[0], err[0]), snr(sig[1], err[1]), mx[0], mx[1]};
+}
+
+}  // namespace cachegen::cli
