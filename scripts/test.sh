@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Builds everything and runs every test:
+#   1. Release build (build/) + ctest
+#   2. ASan+UBSan build (build-asan/) + ctest
+#   3. libFuzzer build with clang (build-fuzz/); each tests/fuzz target runs
+#      for FUZZ_SECONDS (default 60)
+#   4. smoke run of `cachegen bench --json`, parsed as JSON
+# Exits non-zero on any failure; the last line sums the ctest results.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+JOBS="${JOBS:-$(nproc)}"
+FUZZ_SECONDS="${FUZZ_SECONDS:-60}"
+
+bash scripts/setup.sh
+
+passed_total=0
+failed_total=0
+
+# Runs ctest in build dir $1 and adds its counts to the totals.
+run_ctest() {
+  local dir="$1" log rc=0
+  log="$(mktemp)"
+  (cd "$dir" && ctest --output-on-failure -j2 --timeout 600) 2>&1 | tee "$log" || rc=$?
+  # "100% tests passed, 0 tests failed out of 42"
+  local line total failed
+  line="$(grep -E 'tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -1 || true)"
+  rm -f "$log"
+  if [ -z "$line" ]; then
+    echo "test.sh: no ctest summary in $dir" >&2
+    return 1
+  fi
+  failed="$(sed -E 's/.* ([0-9]+) tests? failed out of ([0-9]+).*/\1/' <<<"$line")"
+  total="$(sed -E 's/.* failed out of ([0-9]+).*/\1/' <<<"$line")"
+  passed_total=$((passed_total + total - failed))
+  failed_total=$((failed_total + failed))
+  if [ "$rc" -ne 0 ] || [ "$failed" -ne 0 ]; then
+    echo "test.sh: ctest failed in $dir ($failed of $total)" >&2
+    return 1
+  fi
+}
+
+echo "== Release build"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+ninja -C build -j"$JOBS"
+run_ctest build
+
+echo "== ASan+UBSan build"
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCACHEGEN_SANITIZE=ON \
+      -DCACHEGEN_BUILD_BENCH=OFF >/dev/null
+ninja -C build-asan -j"$JOBS"
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 run_ctest build-asan
+
+shopt -s nullglob
+fuzz_sources=(tests/fuzz/*_fuzz.cc)
+if [ ${#fuzz_sources[@]} -gt 0 ]; then
+  echo "== libFuzzer build (clang), ${FUZZ_SECONDS}s per target"
+  CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCACHEGEN_FUZZ=ON \
+        -DCACHEGEN_BUILD_TESTS=OFF -DCACHEGEN_BUILD_BENCH=OFF >/dev/null
+  ninja -C build-fuzz -j"$JOBS"
+  for src in "${fuzz_sources[@]}"; do
+    name="$(basename "$src" .cc)"
+    corpus="build-fuzz/corpus/$name"
+    mkdir -p "$corpus"
+    seeds=()
+    if [ -d "tests/fuzz/corpus/$name" ]; then seeds=("tests/fuzz/corpus/$name"); fi
+    echo "-- $name"
+    log="build-fuzz/$name.log"
+    if ! "build-fuzz/$name" -max_total_time="$FUZZ_SECONDS" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+         "$corpus" "${seeds[@]}" >"$log" 2>&1; then
+      tail -n 60 "$log"
+      echo "test.sh: fuzz target $name failed (log: $log)" >&2
+      exit 1
+    fi
+    tail -n 6 "$log"
+  done
+else
+  echo "== no fuzz targets under tests/fuzz"
+fi
+
+echo "== bench smoke"
+build/cachegen bench --synthetic 4,2,64,128 --reps 1 --json >build/bench_smoke.json
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["codecs"], "no codecs"; print("bench json ok:", ", ".join(c["name"]+"="+c["status"] for c in d["codecs"]))' build/bench_smoke.json
+
+if [ "$failed_total" -eq 0 ]; then
+  echo "tests: ${passed_total} passed, 0 failed"
+else
+  exit 1
+fi
