@@ -21,11 +21,6 @@ class Pending final : public Codec {
 };
 }  // namespace
 
-std::unique_ptr<Codec> MakeFp16ZstdCodec() { return std::make_unique<Pending>(CodecId::kFp16Zstd, "fp16-zstd"); }
-std::unique_ptr<Codec> MakeQ8Codec() { return std::make_unique<Pending>(CodecId::kQ8, "q8"); }
-std::unique_ptr<Codec> MakeQ4Codec() { return std::make_unique<Pending>(CodecId::kQ4, "q4"); }
-std::unique_ptr<Codec> MakeKivi2Codec() { return std::make_unique<Pending>(CodecId::kKivi2, "kivi2"); }
-std::unique_ptr<Codec> MakeKivi4Codec() { return std::make_unique<Pending>(CodecId::kKivi4, "kivi4"); }
 std::unique_ptr<Codec> MakeCacheGenRefCodec() { return std::make_unique<Pending>(CodecId::kCacheGenRef, "cachegen-ref"); }
 std::unique_ptr<Codec> MakeCacheGenCodec() { return std::make_unique<Pending>(CodecId::kCacheGen, "cachegen"); }
 
