@@ -125,7 +125,6 @@ Status RunBench(const KVTensor& input, const std::string& input_name, const Benc
     } else {
       r.decode_vs_zstd = r.decode_mb_s / zstd_mb_s;
     }
-    if (!o.json && r.status != "ok") std::fprintf(stderr, "cachegen: %s: %s: %s\n", name.c_str(), r.status.c_str(), r.message.c_str());
     results.push_back(std::move(r));
   }
 
@@ -166,7 +165,7 @@ Status RunBench(const KVTensor& input, const std::string& input_name, const Benc
                 "maxerrK", "maxerrV", "encMB/s", "decMB/s", "decMB/smt", "vsZstd");
     for (const CodecResult& r : results) {
       if (r.status != "ok") {
-        std::printf("%-13s %s\n", r.name.c_str(), r.status.c_str());
+        std::printf("%-13s %s: %s\n", r.name.c_str(), r.status.c_str(), r.message.c_str());
         continue;
       }
       auto snr = [](double v) { return std::isfinite(v) ? fmt::format("{:.2f}", v) : std::string("exact"); };
