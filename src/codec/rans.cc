@@ -1,0 +1,453 @@
+// rANS symbol streams: see rans.h for the contract and docs/spec/rans.md for
+// the exact byte layout.
+//
+// Coder: 32-bit states in [L, 2^32) with L = 2^16, 16-bit renormalisation,
+// 12-bit probabilities. Symbol i is coded by lane i % lanes. The encoder runs
+// backwards over the symbols and the emitted 16-bit words are reversed, so
+// the decoder reads the payload front to back.
+#include "codec/rans.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <utility>
+
+namespace cachegen::rans {
+namespace {
+
+constexpr uint32_t kL = 1u << 16;            // lower bound of the state interval
+constexpr uint32_t kSlotMask = kProbScale - 1;
+constexpr uint32_t kMinEscape = 2;
+constexpr uint32_t kMaxEscape = kMaxAlphabet - 1;  // escape symbol index <= 255
+
+enum Mode : uint8_t {
+  kModeEmpty = 0,     // no symbols; nothing follows
+  kModeConstant = 1,  // varint value; every symbol equals it
+  kModeRans = 2,      // table + lanes + escape area + payload
+};
+
+// Escape varints are LEB128: value d costs 1 + [d >= 2^7] + [d >= 2^14] +
+// [d >= 2^21] + [d >= 2^28] bytes. So the escape area size for threshold E is
+// sum over k of count(values >= E + kVarintStep[k]).
+constexpr uint64_t kVarintStep[5] = {0, 1ull << 7, 1ull << 14, 1ull << 21, 1ull << 28};
+
+uint32_t VarintLen(uint64_t v) {
+  uint32_t n = 1;
+  while (v >= 0x80) {
+    v >>= 7;
+    ++n;
+  }
+  return n;
+}
+
+// What both the encoder and the estimator know about a stream before coding
+// it, in a form that lets every escape threshold be scored in O(1).
+struct Stats {
+  uint64_t n = 0;
+  uint64_t max_value = 0;
+  bool constant = false;  // n > 0 and a single distinct value
+  // win[k][j] = count of value kVarintStep[k] + j; tail[k] = count of values
+  // >= kVarintStep[k] + 256.
+  std::array<std::array<uint64_t, 256>, 5> win{};
+  std::array<uint64_t, 5> tail{};
+};
+
+// The coding decisions, shared by EncodeStream and EstimateStreamBytes so the
+// estimate describes exactly what the encoder writes.
+struct Plan {
+  uint32_t escape = 0;                      // E; symbol E is the escape symbol
+  uint32_t lanes = 1;
+  std::array<uint64_t, kMaxAlphabet> count{};  // symbol counts, 0..E
+  std::array<uint32_t, kMaxAlphabet> freq{};   // normalised, sum kProbScale
+  uint64_t escape_bytes = 0;
+};
+
+double XLog2X(uint64_t c) { return c == 0 ? 0.0 : static_cast<double>(c) * std::log2(static_cast<double>(c)); }
+
+// Chooses E in [2, min(255, max(2, max_value + 1))] minimising entropy bits
+// of the direct+escape symbols plus the escape area plus (roughly) the table.
+uint32_t ChooseEscape(const Stats& s, std::array<std::array<uint64_t, 256>, 5>* ge_out) {
+  // ge[k][E] = count of values >= E + kVarintStep[k], for E in [0, 256).
+  auto& ge = *ge_out;
+  for (int k = 0; k < 5; ++k) {
+    uint64_t acc = s.tail[k];
+    for (int j = 255; j >= 0; --j) {
+      acc += s.win[k][j];
+      ge[k][j] = acc;
+    }
+  }
+  const uint32_t hi = static_cast<uint32_t>(std::clamp<uint64_t>(s.max_value + 1, kMinEscape, kMaxEscape));
+  const double nlogn = XLog2X(s.n);
+  const uint64_t big = s.n / 32 + 1;  // counts whose frequency likely needs a 2-byte varint
+  double direct_sum = 0;  // sum over v < E of c log c
+  uint32_t big_count = 0;
+  for (uint32_t v = 0; v < kMinEscape; ++v) {
+    direct_sum += XLog2X(s.win[0][v]);
+    big_count += s.win[0][v] >= big;
+  }
+  uint32_t best = kMinEscape;
+  double best_bits = 0;
+  for (uint32_t e = kMinEscape; e <= hi; ++e) {
+    if (e > kMinEscape) {
+      direct_sum += XLog2X(s.win[0][e - 1]);
+      big_count += s.win[0][e - 1] >= big;
+    }
+    uint64_t esc_bytes = 0;
+    for (int k = 0; k < 5; ++k) esc_bytes += ge[k][e];
+    const double bits = nlogn - direct_sum - XLog2X(ge[0][e]) +
+                        8.0 * static_cast<double>(esc_bytes + e + 1 + big_count);
+    if (e == kMinEscape || bits < best_bits) {
+      best_bits = bits;
+      best = e;
+    }
+  }
+  return best;
+}
+
+// Scales counts (sum n > 0) to frequencies summing to kProbScale, every
+// present symbol >= 1. Rounds, then fixes the sum: a surplus goes to the most
+// frequent symbol; a deficit is taken one unit at a time from the symbol where
+// it costs the fewest bits (approximately count / freq).
+void Normalize(const uint64_t* count, uint32_t alphabet, uint64_t n, uint32_t* freq) {
+  int64_t sum = 0;
+  uint32_t argmax = 0;
+  const double scale = static_cast<double>(kProbScale) / static_cast<double>(n);
+  for (uint32_t s = 0; s < alphabet; ++s) {
+    if (count[s] == 0) {
+      freq[s] = 0;
+      continue;
+    }
+    const double f = std::floor(static_cast<double>(count[s]) * scale + 0.5);
+    freq[s] = static_cast<uint32_t>(std::clamp(f, 1.0, static_cast<double>(kProbScale)));
+    sum += freq[s];
+    if (count[s] > count[argmax]) argmax = s;
+  }
+  int64_t diff = static_cast<int64_t>(kProbScale) - sum;
+  if (diff > 0) {
+    freq[argmax] += static_cast<uint32_t>(diff);
+    return;
+  }
+  while (diff < 0) {
+    // At least one symbol has freq > 1 because sum > kProbScale >= alphabet.
+    uint32_t pick = alphabet;
+    double pick_cost = 0;
+    for (uint32_t s = 0; s < alphabet; ++s) {
+      if (freq[s] <= 1) continue;
+      const double cost = static_cast<double>(count[s]) / (static_cast<double>(freq[s]) - 0.5);
+      if (pick == alphabet || cost < pick_cost) {
+        pick = s;
+        pick_cost = cost;
+      }
+    }
+    --freq[pick];
+    ++diff;
+  }
+}
+
+Plan MakePlan(const Stats& s, uint32_t lanes_opt) {
+  Plan p;
+  std::array<std::array<uint64_t, 256>, 5> ge;
+  p.escape = ChooseEscape(s, &ge);
+  const uint32_t e = p.escape;
+  for (uint32_t v = 0; v < e; ++v) p.count[v] = s.win[0][v];
+  p.count[e] = ge[0][e];
+  for (int k = 0; k < 5; ++k) p.escape_bytes += ge[k][e];
+  Normalize(p.count.data(), e + 1, s.n, p.freq.data());
+  const uint32_t lanes = std::clamp<uint32_t>(lanes_opt, 1, kMaxLanes);
+  p.lanes = static_cast<uint32_t>(std::min<uint64_t>(lanes, s.n));
+  return p;
+}
+
+void AddValue(Stats* s, uint64_t v, uint64_t c) {
+  for (int k = 0; k < 5; ++k) {
+    if (v < kVarintStep[k]) break;
+    const uint64_t j = v - kVarintStep[k];
+    if (j < 256) {
+      s->win[k][j] += c;
+    } else {
+      s->tail[k] += c;
+    }
+  }
+}
+
+uint64_t TableBytes(const Plan& p) {
+  uint64_t b = 1;  // E
+  for (uint32_t v = 0; v <= p.escape; ++v) b += VarintLen(p.freq[v]);
+  return b;
+}
+
+// ---------------------------------------------------------------------------
+// Decoding.
+
+inline uint32_t Load16(const uint8_t* p) {
+  uint16_t w;
+  std::memcpy(&w, p, 2);
+  return w;
+}
+
+// One decode step: table lookup, multiply-add; the renormalising read is done
+// by the caller. Table entry: symbol (8 bits) | freq-1 (12) | slot-cum (12).
+inline uint32_t Step(uint32_t& x, const uint32_t* table) {
+  const uint32_t e = table[x & kSlotMask];
+  x = (((e >> 8) & 0xfff) + 1) * (x >> kProbBits) + (e >> 20);
+  return e & 0xff;
+}
+
+// Decodes n symbols with N lanes from `words` (nwords 16-bit words, states
+// already read). Returns false if the payload runs out. *used = words read.
+//
+// The fast loop runs whole blocks of kRounds*N symbols while at least that
+// many words remain: a block reads at most one word per symbol, so its reads
+// need no bounds checks and the renormalisation can be branch-free (always
+// load the next word, keep it only if needed).
+template <uint32_t N>
+bool DecodeLanes(uint32_t* state, const uint32_t* table, const uint8_t* words, size_t nwords, uint32_t* out,
+                 size_t n, size_t* used) {
+  constexpr size_t kRounds = N >= 16 ? 4 : 16;
+  constexpr size_t kBlock = kRounds * N;
+  uint32_t x[N];
+  for (uint32_t j = 0; j < N; ++j) x[j] = state[j];
+  size_t pos = 0;
+  size_t i = 0;
+  while (n - i >= kBlock && nwords - pos >= kBlock) {
+    for (size_t r = 0; r < kRounds; ++r) {
+      uint32_t* o = out + i + r * N;
+      for (uint32_t j = 0; j < N; ++j) {
+        o[j] = Step(x[j], table);
+        const uint32_t w = Load16(words + 2 * pos);
+        const bool need = x[j] < kL;
+        x[j] = need ? (x[j] << 16) | w : x[j];
+        pos += need;
+      }
+    }
+    i += kBlock;
+  }
+  // Tail: i is a multiple of N here, so lane j = i % N restarts at 0.
+  uint32_t j = 0;
+  for (; i < n; ++i) {
+    out[i] = Step(x[j], table);
+    if (x[j] < kL) {
+      if (pos >= nwords) return false;
+      x[j] = (x[j] << 16) | Load16(words + 2 * pos);
+      ++pos;
+    }
+    j = (j + 1 == N) ? 0 : j + 1;
+  }
+  for (uint32_t k = 0; k < N; ++k) state[k] = x[k];
+  *used = pos;
+  return true;
+}
+
+using DecodeFn = bool (*)(uint32_t*, const uint32_t*, const uint8_t*, size_t, uint32_t*, size_t, size_t*);
+
+template <size_t... I>
+constexpr std::array<DecodeFn, sizeof...(I)> MakeDecoders(std::index_sequence<I...>) {
+  return {&DecodeLanes<static_cast<uint32_t>(I + 1)>...};
+}
+constexpr auto kDecoders = MakeDecoders(std::make_index_sequence<kMaxLanes>());
+
+Status Corrupt(const std::string& what) { return Status::Corrupt("rANS stream: " + what); }
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+
+void EncodeStream(std::span<const uint32_t> symbols, ByteWriter& out, const EncodeOptions& options) {
+  const size_t n = symbols.size();
+  if (n == 0) {
+    out.U8(kModeEmpty);
+    return;
+  }
+  Stats s;
+  s.n = n;
+  uint32_t lo = symbols[0], hi = symbols[0];
+  for (uint32_t v : symbols) {
+    lo = std::min(lo, v);
+    hi = std::max(hi, v);
+    if (v < 256) {
+      ++s.win[0][v];
+    } else {
+      AddValue(&s, v, 1);
+    }
+  }
+  for (uint32_t v = 128; v < 256; ++v) s.win[1][v - 128] += s.win[0][v];
+  if (lo == hi) {
+    out.U8(kModeConstant);
+    out.Varint(lo);
+    return;
+  }
+  s.max_value = hi;
+  const Plan p = MakePlan(s, options.lanes);
+  const uint32_t e = p.escape;
+  const uint32_t lanes = p.lanes;
+
+  // Symbols and the escape area (forward order).
+  std::vector<uint8_t> syms(n);
+  std::vector<uint8_t> esc;
+  esc.reserve(p.escape_bytes);
+  {
+    ByteWriter ew(&esc);
+    for (size_t i = 0; i < n; ++i) {
+      const uint32_t v = symbols[i];
+      if (v < e) {
+        syms[i] = static_cast<uint8_t>(v);
+      } else {
+        syms[i] = static_cast<uint8_t>(e);
+        ew.Varint(v - e);
+      }
+    }
+  }
+
+  std::array<uint32_t, kMaxAlphabet> cum{};
+  for (uint32_t v = 1; v <= e; ++v) cum[v] = cum[v - 1] + p.freq[v - 1];
+
+  std::vector<uint16_t> words;
+  words.reserve(n / 4 + 2 * lanes + 16);
+  uint32_t x[kMaxLanes];
+  for (uint32_t j = 0; j < lanes; ++j) x[j] = kL;
+  for (size_t i = n; i-- > 0;) {
+    uint32_t& st = x[i % lanes];
+    const uint32_t sym = syms[i];
+    const uint32_t f = p.freq[sym];
+    if (uint64_t{st} >= (uint64_t{f} << (32 - kProbBits))) {
+      words.push_back(static_cast<uint16_t>(st));
+      st >>= 16;
+    }
+    st = ((st / f) << kProbBits) + (st % f) + cum[sym];
+  }
+  for (uint32_t j = lanes; j-- > 0;) {
+    words.push_back(static_cast<uint16_t>(x[j] >> 16));
+    words.push_back(static_cast<uint16_t>(x[j]));
+  }
+  std::reverse(words.begin(), words.end());
+
+  out.U8(kModeRans);
+  out.U8(static_cast<uint8_t>(e));
+  for (uint32_t v = 0; v <= e; ++v) out.Varint(p.freq[v]);
+  out.U8(static_cast<uint8_t>(lanes));
+  out.Varint(esc.size());
+  out.Varint(words.size() * 2);
+  out.Bytes(esc);
+  for (uint16_t w : words) out.U16(w);
+}
+
+uint64_t EstimateStreamBytes(std::span<const uint64_t> histogram, const EncodeOptions& options) {
+  Stats s;
+  uint64_t distinct = 0;
+  uint64_t first = 0;
+  for (size_t v = 0; v < histogram.size(); ++v) {
+    const uint64_t c = histogram[v];
+    if (c == 0) continue;
+    if (distinct++ == 0) first = v;
+    s.n += c;
+    s.max_value = v;
+    if (v < 256) {
+      s.win[0][v] += c;
+      if (v >= 128) s.win[1][v - 128] += c;
+    } else {
+      AddValue(&s, v, c);
+    }
+  }
+  if (s.n == 0) return 1;
+  if (distinct == 1) return 1 + VarintLen(first);
+  const Plan p = MakePlan(s, options.lanes);
+  double bits = 0;
+  for (uint32_t v = 0; v <= p.escape; ++v) {
+    if (p.count[v] == 0) continue;
+    bits += static_cast<double>(p.count[v]) * (static_cast<double>(kProbBits) - std::log2(static_cast<double>(p.freq[v])));
+  }
+  // Payload: the information in 16-bit words, plus the final states (on
+  // average about 3 bytes per lane beyond the information they carry).
+  const uint64_t payload = 2 * static_cast<uint64_t>(std::ceil(bits / 16.0)) + 3 * p.lanes;
+  return 1 + TableBytes(p) + 1 + VarintLen(p.escape_bytes) + VarintLen(payload) + p.escape_bytes + payload;
+}
+
+Status DecodeStream(ByteReader& in, std::span<uint32_t> out) {
+  const size_t n = out.size();
+  const uint8_t mode = in.U8();
+  if (!in.ok()) return Corrupt("truncated before mode byte");
+  if (mode == kModeEmpty) {
+    if (n != 0) return Corrupt("stream is empty but " + std::to_string(n) + " symbols were expected");
+    return Status::Ok();
+  }
+  if (mode == kModeConstant) {
+    const uint64_t v = in.Varint();
+    if (!in.ok()) return Corrupt("truncated constant value");
+    if (v > UINT32_MAX) return Corrupt("constant value exceeds 32 bits");
+    std::fill(out.begin(), out.end(), static_cast<uint32_t>(v));
+    return Status::Ok();
+  }
+  if (mode != kModeRans) return Corrupt("unknown mode " + std::to_string(mode));
+
+  const uint32_t e = in.U8();
+  if (!in.ok()) return Corrupt("truncated escape threshold");
+  if (e < kMinEscape || e > kMaxEscape) return Corrupt("escape threshold " + std::to_string(e) + " outside [2, 255]");
+  std::array<uint32_t, kMaxAlphabet> freq{};
+  uint64_t sum = 0;
+  for (uint32_t v = 0; v <= e; ++v) {
+    const uint64_t f = in.Varint();
+    if (!in.ok()) return Corrupt("truncated frequency table");
+    if (f > kProbScale) return Corrupt("frequency " + std::to_string(f) + " exceeds 4096");
+    freq[v] = static_cast<uint32_t>(f);
+    sum += f;
+  }
+  if (sum != kProbScale) return Corrupt("frequency table sums to " + std::to_string(sum) + ", expected 4096");
+  const uint32_t lanes = in.U8();
+  const uint64_t esc_len = in.Varint();
+  const uint64_t payload_len = in.Varint();
+  if (!in.ok()) return Corrupt("truncated stream header");
+  if (lanes < 1 || lanes > kMaxLanes) return Corrupt("lane count " + std::to_string(lanes) + " outside [1, 32]");
+  if (payload_len % 2 != 0) return Corrupt("odd payload length");
+  const uint64_t nwords = payload_len / 2;
+  // Every symbol reads at most one word, plus two per lane for the states;
+  // more could never be consumed.
+  if (nwords < 2ull * lanes || nwords - 2ull * lanes > n) {
+    return Corrupt("payload of " + std::to_string(payload_len) + " bytes is inconsistent with " + std::to_string(n) +
+                   " symbols and " + std::to_string(lanes) + " lanes");
+  }
+  // Each escape varint is at most 5 bytes (values are 32-bit).
+  if (esc_len > 5ull * n) return Corrupt("escape area longer than the symbols could need");
+  if (esc_len > 0 && freq[e] == 0) return Corrupt("escape bytes present but the escape symbol has frequency 0");
+  const auto esc = in.Bytes(esc_len);
+  const auto payload = in.Bytes(payload_len);
+  if (!in.ok()) return Corrupt("truncated escape area or payload");
+
+  std::vector<uint32_t> table(kProbScale);
+  uint32_t cum = 0;
+  for (uint32_t v = 0; v <= e; ++v) {
+    for (uint32_t k = 0; k < freq[v]; ++k) table[cum + k] = v | ((freq[v] - 1) << 8) | (k << 20);
+    cum += freq[v];
+  }
+
+  uint32_t state[kMaxLanes];
+  for (uint32_t j = 0; j < lanes; ++j) {
+    state[j] = Load16(payload.data() + 4 * j) | (Load16(payload.data() + 4 * j + 2) << 16);
+    if (state[j] < kL) return Corrupt("initial state of lane " + std::to_string(j) + " below 2^16");
+  }
+  const size_t body_words = nwords - 2 * lanes;
+  size_t used = 0;
+  if (!kDecoders[lanes - 1](state, table.data(), payload.data() + 4 * lanes, body_words, out.data(), n, &used)) {
+    return Corrupt("payload exhausted before the last symbol");
+  }
+  if (used != body_words) return Corrupt("payload has unread words after the last symbol");
+  for (uint32_t j = 0; j < lanes; ++j) {
+    if (state[j] != kL) return Corrupt("final state of lane " + std::to_string(j) + " is not the initial value");
+  }
+
+  if (freq[e] > 0) {
+    ByteReader er(esc);
+    for (size_t i = 0; i < n; ++i) {
+      if (out[i] != e) continue;
+      const uint64_t d = er.Varint();
+      if (!er.ok()) return Corrupt("escape area exhausted");
+      if (d > UINT32_MAX - e) return Corrupt("escaped value exceeds 32 bits");
+      out[i] = static_cast<uint32_t>(e + d);
+    }
+    if (er.remaining() != 0) return Corrupt("escape area has unread bytes");
+  }
+  return Status::Ok();
+}
+
+}  // namespace cachegen::rans

@@ -1,0 +1,220 @@
+// rANS stream tests: round trips, compression vs entropy, estimate accuracy,
+// and hostile input (every byte flip, every truncation, garbage tables).
+#include "codec/rans.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <random>
+
+namespace cachegen::rans {
+namespace {
+
+std::vector<uint8_t> Encode(const std::vector<uint32_t>& v, uint32_t lanes = kDefaultLanes) {
+  std::vector<uint8_t> buf;
+  ByteWriter w(&buf);
+  EncodeStream(v, w, {lanes});
+  return buf;
+}
+
+void RoundTrip(const std::vector<uint32_t>& v, uint32_t lanes = kDefaultLanes) {
+  std::vector<uint8_t> buf = Encode(v, lanes);
+  buf.push_back(0xAB);  // trailing byte must not be consumed
+  ByteReader r(buf);
+  std::vector<uint32_t> out(v.size(), 12345);
+  Status st = DecodeStream(r, out);
+  ASSERT_TRUE(st.ok()) << st.message() << " lanes=" << lanes << " n=" << v.size();
+  ASSERT_EQ(r.remaining(), 1u);
+  ASSERT_EQ(out, v) << "lanes=" << lanes;
+}
+
+std::vector<uint32_t> Geometric(size_t n, double p, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::geometric_distribution<uint32_t> d(p);
+  std::vector<uint32_t> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+std::vector<uint64_t> Histogram(const std::vector<uint32_t>& v) {
+  uint32_t mx = 0;
+  for (uint32_t x : v) mx = std::max(mx, x);
+  std::vector<uint64_t> h(v.empty() ? 0 : mx + 1);
+  for (uint32_t x : v) ++h[x];
+  return h;
+}
+
+double EntropyBytes(const std::vector<uint32_t>& v) {
+  std::map<uint32_t, uint64_t> c;
+  for (uint32_t x : v) ++c[x];
+  double bits = 0;
+  for (auto& [k, n] : c) bits -= static_cast<double>(n) * std::log2(static_cast<double>(n) / v.size());
+  return bits / 8;
+}
+
+TEST(Rans, Empty) {
+  RoundTrip({});
+  EXPECT_EQ(Encode({}).size(), 1u);
+  EXPECT_EQ(EstimateStreamBytes({}), 1u);
+}
+
+TEST(Rans, SingleSymbolAndConstant) {
+  RoundTrip({7});
+  RoundTrip({0});
+  RoundTrip({0xffffffffu});
+  RoundTrip(std::vector<uint32_t>(100000, 3));
+  EXPECT_LE(Encode(std::vector<uint32_t>(100000, 3)).size(), 2u);
+}
+
+TEST(Rans, Geometric) {
+  for (double p : {0.05, 0.3, 0.5, 0.9, 0.99}) RoundTrip(Geometric(10007, p, 1));
+}
+
+TEST(Rans, Uniform) {
+  std::mt19937 rng(2);
+  for (uint32_t range : {2u, 3u, 17u, 255u, 256u, 300u, 1000u, 70000u}) {
+    std::vector<uint32_t> v(5000);
+    for (auto& x : v) x = rng() % range;
+    RoundTrip(v);
+  }
+}
+
+TEST(Rans, HugeValuesNeedEscapes) {
+  std::mt19937 rng(3);
+  std::vector<uint32_t> v(20000);
+  for (auto& x : v) {
+    const uint32_t r = rng() % 100;
+    x = r < 90 ? rng() % 4 : (r < 95 ? rng() : 0xffffffffu - rng() % 3);
+  }
+  RoundTrip(v);
+  // All values escape (two distinct, both huge).
+  RoundTrip({0x80000000u, 0x80000001u, 0x80000000u});
+  RoundTrip({0xffffffffu, 0xfffffffeu});
+}
+
+TEST(Rans, AllLaneCountsSmallInputs) {
+  std::mt19937 rng(4);
+  for (uint32_t lanes = 1; lanes <= kMaxLanes; ++lanes) {
+    for (size_t n : {0, 1, 2, 3, 5, 31, 33, 64, 100, 257, 1000, 4099}) {
+      std::vector<uint32_t> v(n);
+      for (auto& x : v) x = (rng() % 10 == 0) ? rng() % 1000 : rng() % 3;
+      RoundTrip(v, lanes);
+    }
+  }
+}
+
+TEST(Rans, LargeAllLanes) {
+  const auto v = Geometric(200003, 0.4, 5);
+  for (uint32_t lanes = 1; lanes <= kMaxLanes; ++lanes) RoundTrip(v, lanes);
+}
+
+TEST(Rans, CloseToEntropy) {
+  const auto v = Geometric(1 << 20, 0.5, 6);
+  const double h = EntropyBytes(v);
+  const size_t actual = Encode(v).size();
+  EXPECT_LT(static_cast<double>(actual), h * 1.01 + 200) << "entropy " << h;
+  EXPECT_GT(static_cast<double>(actual), h * 0.99);
+}
+
+TEST(Rans, EstimateMatchesActual) {
+  std::mt19937 rng(7);
+  std::vector<std::vector<uint32_t>> cases = {Geometric(1 << 16, 0.5, 8), Geometric(1000, 0.05, 9),
+                                              Geometric(100, 0.7, 10), std::vector<uint32_t>(50, 9), {},
+                                              {1, 2}};
+  std::vector<uint32_t> esc(30000);
+  for (auto& x : esc) x = rng() % 10 == 0 ? 100000 + rng() % 50000 : rng() % 5;
+  cases.push_back(esc);
+  for (const auto& v : cases) {
+    for (uint32_t lanes : {1u, 8u, 32u}) {
+      const double actual = static_cast<double>(Encode(v, lanes).size());
+      const double est = static_cast<double>(EstimateStreamBytes(Histogram(v), {lanes}));
+      EXPECT_NEAR(est, actual, 3.0 * lanes + 4 + 0.002 * actual) << "n=" << v.size() << " lanes=" << lanes;
+    }
+  }
+}
+
+// Every flipped byte and every truncation of a small stream must decode
+// cleanly or fail with kCorrupt; it must never read out of bounds (ASan).
+TEST(Rans, CorruptionNeverCrashes) {
+  std::mt19937 rng(11);
+  std::vector<uint32_t> v(300);
+  for (auto& x : v) x = rng() % 20 == 0 ? rng() : rng() % 6;
+  for (uint32_t lanes : {1u, 3u, 8u, 32u}) {
+    const auto good = Encode(v, lanes);
+    std::vector<uint32_t> out(v.size());
+    for (size_t i = 0; i < good.size(); ++i) {
+      for (uint8_t mask : {0x01, 0x80, 0xff}) {
+        auto bad = good;
+        bad[i] ^= mask;
+        ByteReader r(bad);
+        Status st = DecodeStream(r, out);
+        if (st.ok()) {
+          EXPECT_LE(r.position(), bad.size());
+        } else {
+          EXPECT_EQ(st.code(), StatusCode::kCorrupt);
+        }
+      }
+    }
+    for (size_t len = 0; len < good.size(); ++len) {
+      std::vector<uint8_t> cut(good.begin(), good.begin() + len);
+      ByteReader r(cut);
+      Status st = DecodeStream(r, out);
+      EXPECT_FALSE(st.ok()) << "truncated to " << len;
+    }
+    // Asking for more symbols than were encoded must fail, not over-read.
+    {
+      ByteReader r(good);
+      std::vector<uint32_t> more(v.size() + 1);
+      EXPECT_FALSE(DecodeStream(r, more).ok());
+    }
+  }
+}
+
+TEST(Rans, GarbageTableFails) {
+  std::vector<uint8_t> buf;
+  ByteWriter w(&buf);
+  w.U8(2);   // rANS mode
+  w.U8(3);   // E = 3: four frequencies follow
+  for (uint32_t f : {1000u, 1000u, 1000u, 1100u}) w.Varint(f);
+  w.U8(1);
+  w.Varint(0);
+  w.Varint(4);
+  w.U32(1u << 16);
+  ByteReader r(buf);
+  std::vector<uint32_t> out(0);
+  Status st = DecodeStream(r, out);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("sums to 4100, expected 4096"), std::string::npos) << st.message();
+
+  std::mt19937 rng(12);
+  for (int t = 0; t < 2000; ++t) {
+    std::vector<uint8_t> g(rng() % 64);
+    for (auto& b : g) b = static_cast<uint8_t>(rng());
+    if (!g.empty()) g[0] = static_cast<uint8_t>(rng() % 4);
+    ByteReader gr(g);
+    std::vector<uint32_t> o(rng() % 100);
+    (void)DecodeStream(gr, o);
+  }
+}
+
+TEST(Rans, ConcatenatedStreams) {
+  std::vector<uint8_t> buf;
+  ByteWriter w(&buf);
+  const auto a = Geometric(1000, 0.3, 13);
+  const std::vector<uint32_t> b(10, 4);
+  EncodeStream(a, w);
+  EncodeStream(b, w);
+  EncodeStream({}, w);
+  ByteReader r(buf);
+  std::vector<uint32_t> oa(a.size()), ob(b.size()), oc;
+  ASSERT_TRUE(DecodeStream(r, oa).ok());
+  ASSERT_TRUE(DecodeStream(r, ob).ok());
+  ASSERT_TRUE(DecodeStream(r, oc).ok());
+  EXPECT_EQ(r.remaining(), 0u);
+  EXPECT_EQ(oa, a);
+  EXPECT_EQ(ob, b);
+}
+
+}  // namespace
+}  // namespace cachegen::rans
