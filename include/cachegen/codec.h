@@ -28,8 +28,6 @@ namespace cachegen {
 //   cachegen-ref  the published CacheGen/LMCache quantizer + per-channel entropy coding
 std::vector<std::string> CodecNames();
 
-enum class Quantizer : uint8_t { kUniform = 0, kLloydMax = 1 };
-
 struct CodecConfig {
   std::string codec = "cachegen";
 
@@ -47,7 +45,6 @@ struct CodecConfig {
   // `cachegen` codec tuning; defaults chosen by measurement (see bench/).
   uint32_t group_tokens = 0;   // prediction group size G; 0 = codec default
   bool rotate = true;          // per-head Hadamard rotation (head_dim a power of two)
-  Quantizer quantizer = Quantizer::kUniform;
   double layer_slope = 0.0;    // >0: shallow layers get finer steps (see FORMAT.md)
   uint32_t recent_tokens = 0;  // most recent W tokens of the context at higher precision
   double recent_step_scale = 0.5;  // their step multiplier; 0 = exact f16

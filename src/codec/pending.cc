@@ -21,7 +21,5 @@ class Pending final : public Codec {
 };
 }  // namespace
 
-std::unique_ptr<Codec> MakeCacheGenRefCodec() { return std::make_unique<Pending>(CodecId::kCacheGenRef, "cachegen-ref"); }
-std::unique_ptr<Codec> MakeCacheGenCodec() { return std::make_unique<Pending>(CodecId::kCacheGen, "cachegen"); }
 
 }  // namespace cachegen

@@ -1,0 +1,239 @@
+// The `cachegen` codec: per-section coding (section_coder.h) plus rate
+// control across the chunk and quality levels that share one analysis.
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <optional>
+
+#include "codec/cachegen/hadamard.h"
+#include "codec/cachegen/section_coder.h"
+#include "codec/codec.h"
+#include "common/bytes.h"
+#include "common/parallel.h"
+
+namespace cachegen {
+namespace {
+
+constexpr uint8_t kParamsVersion = 1;
+constexpr uint8_t kFlagRotate = 1;
+// Default prediction group: measured with `cachegen bench` on synthetic KV
+// (docs/spec/cachegen.md); the per-section delta/no-delta choice makes it
+// safe on data without token correlation.
+constexpr uint32_t kDefaultGroupTokens = 8;
+// Each quality level below the first targets this fraction of the previous
+// level's bits (bits mode), 6 dB less (SNR mode) or twice the error (max-error mode).
+constexpr double kLevelBitsRatio = 0.75;
+constexpr double kLevelSnrStepDb = 6.0;
+// Frame bytes outside sections, for rate targets: fixed header plus one
+// section-table entry per section (docs/spec/container.md).
+constexpr double kFrameFixedBytes = 64;
+constexpr double kFrameBytesPerSection = 24;
+
+struct Params {
+  bool rotate = false;
+  uint32_t group_tokens = kDefaultGroupTokens;
+  uint32_t recent_tokens = 0;
+  float recent_step_scale = 1;
+};
+
+std::vector<uint8_t> WriteParams(const Params& p) {
+  std::vector<uint8_t> out;
+  ByteWriter w(&out);
+  w.U8(kParamsVersion);
+  w.U8(p.rotate ? kFlagRotate : 0);
+  w.U32(p.group_tokens);
+  w.U32(p.recent_tokens);
+  w.F32(p.recent_step_scale);
+  return out;
+}
+
+Result<Params> ReadParams(std::span<const uint8_t> bytes, uint32_t head_dim) {
+  ByteReader r(bytes);
+  Params p;
+  const uint8_t version = r.U8();
+  const uint8_t flags = r.U8();
+  p.group_tokens = r.U32();
+  p.recent_tokens = r.U32();
+  p.recent_step_scale = r.F32();
+  if (!r.ok() || r.remaining() != 0) return Status::Corrupt("cachegen params: wrong length");
+  if (version != kParamsVersion) return Status::Unsupported("cachegen params version " + std::to_string(version));
+  if (flags & ~kFlagRotate) return Status::Corrupt("cachegen params: unknown flags");
+  p.rotate = flags & kFlagRotate;
+  if (p.rotate && !IsPowerOfTwo(head_dim)) return Status::Corrupt("cachegen params: rotation needs power-of-two head_dim");
+  if (p.group_tokens == 0) return Status::Corrupt("cachegen params: group size 0");
+  if (!(p.recent_step_scale >= 0 && p.recent_step_scale <= 1))
+    return Status::Corrupt("cachegen params: recent step scale out of [0, 1]");
+  return p;
+}
+
+// First chunk-relative token of the context's most recent `recent` tokens.
+uint32_t RecentBegin(uint32_t token_start, uint32_t tokens, uint32_t context_tokens, uint32_t recent) {
+  if (recent == 0) return tokens;
+  const int64_t begin = int64_t{context_tokens} - recent - token_start;
+  return static_cast<uint32_t>(std::clamp<int64_t>(begin, 0, tokens));
+}
+
+SectionLayout MakeLayout(const KVShape& s, const Params& p, uint32_t token_start, uint32_t context_tokens) {
+  SectionLayout l;
+  l.tokens = s.tokens;
+  l.kv_heads = s.kv_heads;
+  l.head_dim = s.head_dim;
+  l.group_tokens = p.group_tokens;
+  l.rotate = p.rotate;
+  l.recent_begin = RecentBegin(token_start, s.tokens, context_tokens, p.recent_tokens);
+  l.recent_step_scale = p.recent_step_scale;
+  return l;
+}
+
+// Layer-wise allocation by rule from the layer count: the step multiplier
+// grows geometrically from 2^(-slope/2) at layer 0 to 2^(slope/2) at the last.
+float LayerFactor(uint32_t layer, uint32_t layers, double slope) {
+  if (layers <= 1 || slope == 0) return 1.0f;
+  return static_cast<float>(std::exp2(slope * (double(layer) / (layers - 1) - 0.5)));
+}
+
+class CacheGenCodec final : public Codec {
+ public:
+  CodecId id() const override { return CodecId::kCacheGen; }
+  std::string_view name() const override { return "cachegen"; }
+
+  Result<std::vector<EncodedLevel>> Encode(const ChunkF32& chunk, const CodecConfig& cfg) const override {
+    const KVShape& s = chunk.shape;
+    Params p;
+    // A max-error target is a bound per original value: rotation would spread
+    // each coefficient's error over the head, so it is off in that mode.
+    p.rotate = cfg.rotate && IsPowerOfTwo(s.head_dim) && cfg.max_rel_error <= 0;
+    p.group_tokens = cfg.group_tokens ? cfg.group_tokens : kDefaultGroupTokens;
+    p.recent_tokens = cfg.recent_tokens;
+    p.recent_step_scale = static_cast<float>(std::clamp(cfg.recent_step_scale, 0.0, 1.0));
+    const SectionLayout layout = MakeLayout(s, p, chunk.token_start, chunk.context_tokens);
+
+    const uint32_t n_sections = s.layers * 2;
+    std::vector<std::optional<SectionAnalysis>> analyses(n_sections);
+    CG_RETURN_IF_ERROR(ParallelFor(n_sections, cfg.threads, [&](uint64_t i) {
+      analyses[i].emplace(layout, chunk.Section(uint32_t(i / 2), i % 2 ? KV::kValue : KV::kKey));
+      return Status::Ok();
+    }));
+
+    const uint32_t levels = cfg.level_bits.empty() ? std::clamp(cfg.levels, 1u, 8u)
+                                                   : static_cast<uint32_t>(cfg.level_bits.size());
+    std::vector<EncodedLevel> out(levels);
+    for (uint32_t lv = 0; lv < levels; ++lv) {
+      std::vector<float> steps(n_sections);
+      std::vector<uint8_t> deltas(n_sections);
+      CG_RETURN_IF_ERROR(ChooseSteps(analyses, s, cfg, lv, &steps, &deltas));
+      out[lv].params = WriteParams(p);
+      out[lv].sections.resize(n_sections);
+      CG_RETURN_IF_ERROR(ParallelFor(n_sections, cfg.threads, [&](uint64_t i) {
+        EncodedSection& es = out[lv].sections[i];
+        analyses[i]->Encode(steps[i], deltas[i], &es.bytes, &es.side_bytes);
+        return Status::Ok();
+      }));
+    }
+    return out;
+  }
+
+  Status DecodeSection(const SectionContext& ctx, std::span<const uint8_t> payload,
+                       std::span<float> out) const override {
+    CG_ASSIGN_OR_RETURN(const Params p, ReadParams(ctx.params, ctx.shape.head_dim));
+    return DecodeCacheGenSection(MakeLayout(ctx.shape, p, ctx.token_start, ctx.context_tokens), payload, out);
+  }
+
+ private:
+  using Analyses = std::vector<std::optional<SectionAnalysis>>;
+
+  static Status ChooseSteps(const Analyses& a, const KVShape& s, const CodecConfig& cfg, uint32_t level,
+                            std::vector<float>* steps, std::vector<uint8_t>* deltas) {
+    const uint32_t n = static_cast<uint32_t>(a.size());
+    if (cfg.max_rel_error > 0) {
+      // Uniform quantization error is at most half a step.
+      const float step = static_cast<float>(2 * cfg.max_rel_error * std::exp2(double(level)));
+      for (uint32_t i = 0; i < n; ++i) (*steps)[i] = step;
+      return ParallelFor(n, cfg.threads, [&](uint64_t i) {
+        (*deltas)[i] = a[i]->PreferDelta((*steps)[i]);
+        return Status::Ok();
+      });
+    }
+    if (cfg.snr_db > 0) {
+      const double snr = cfg.snr_db - kLevelSnrStepDb * level;
+      return ParallelFor(n, cfg.threads, [&](uint64_t i) {
+        (*steps)[i] = StepForSnr(*a[i], snr, &(*deltas)[i]);
+        return Status::Ok();
+      });
+    }
+    const double target = cfg.level_bits.empty()
+                              ? (cfg.bits_per_value > 0 ? cfg.bits_per_value : 2.0) * std::pow(kLevelBitsRatio, level)
+                              : cfg.level_bits[level];
+    return StepsForBits(a, s, cfg, target, steps, deltas);
+  }
+
+  // Per-section step whose measured reconstruction SNR is close to `snr_db`
+  // (a few corrections of the high-rate estimate step^2/12).
+  static float StepForSnr(const SectionAnalysis& a, double snr_db, uint8_t* delta) {
+    const double target_mse = a.signal_power() * std::pow(10.0, -snr_db / 10);
+    double step = std::sqrt(12 * target_mse / std::max(1e-30, a.mean_sigma_sq()));
+    step = std::clamp(step, 1e-6, 1e6);
+    *delta = a.PreferDelta(static_cast<float>(step));
+    for (int iter = 0; iter < 3; ++iter) {
+      const double mse = a.MeasureMse(static_cast<float>(step), *delta);
+      if (!(mse > 0) || std::abs(mse / target_mse - 1) < 0.05) break;
+      step = std::clamp(step * std::sqrt(target_mse / mse), 1e-6, 1e6);
+    }
+    return static_cast<float>(step);
+  }
+
+  // One global step multiplier (times the layer factor) found by secant search
+  // on log2(step) against sampled size estimates of all sections.
+  static Status StepsForBits(const Analyses& a, const KVShape& s, const CodecConfig& cfg, double target_bits,
+                             std::vector<float>* steps, std::vector<uint8_t>* deltas) {
+    const uint32_t n = static_cast<uint32_t>(a.size());
+    const double values = double(s.values());
+    const double frame_bytes = kFrameFixedBytes + kFrameBytesPerSection * n;
+    // Sample about 32 token groups per section during the search.
+    const uint32_t groups = std::max(1u, s.tokens / std::max(1u, a[0]->layout().group_tokens));
+    const uint32_t sample_every = std::max(1u, groups / 32);
+    auto factor = [&](uint32_t i) { return LayerFactor(i / 2, s.layers, cfg.layer_slope); };
+
+    CG_RETURN_IF_ERROR(ParallelFor(n, cfg.threads, [&](uint64_t i) {
+      (*deltas)[i] = a[i]->PreferDelta(factor(uint32_t(i)));
+      return Status::Ok();
+    }));
+    std::vector<double> bytes(n);
+    auto bits_at = [&](double log_step) -> Result<double> {
+      CG_RETURN_IF_ERROR(ParallelFor(n, cfg.threads, [&](uint64_t i) {
+        const float step = static_cast<float>(std::exp2(log_step)) * factor(uint32_t(i));
+        bytes[i] = a[i]->EstimateBytes(step, (*deltas)[i], sample_every);
+        return Status::Ok();
+      }));
+      double total = frame_bytes;
+      for (double b : bytes) total += b;
+      return total * 8 / values;
+    };
+    // Bits fall by about one per doubling of the step: start from that slope.
+    double x0 = 0;
+    CG_ASSIGN_OR_RETURN(double f0, bits_at(x0));
+    f0 -= target_bits;
+    double x1 = std::clamp(x0 + f0, -20.0, 20.0);
+    for (int iter = 0; iter < 10 && std::abs(f0) > 0.003 * target_bits; ++iter) {
+      CG_ASSIGN_OR_RETURN(double f1, bits_at(x1));
+      f1 -= target_bits;
+      double next = x1 + f1;  // fallback slope -1
+      if (std::abs(f1 - f0) > 1e-9) {
+        const double slope = (f1 - f0) / (x1 - x0);
+        if (slope < -0.05) next = x1 - f1 / slope;
+      }
+      x0 = x1;
+      f0 = f1;
+      x1 = std::clamp(next, x0 - 4, x0 + 4);
+      x1 = std::clamp(x1, -20.0, 20.0);
+    }
+    for (uint32_t i = 0; i < n; ++i) (*steps)[i] = static_cast<float>(std::exp2(x0)) * factor(i);
+    return Status::Ok();
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Codec> MakeCacheGenCodec() { return std::make_unique<CacheGenCodec>(); }
+
+}  // namespace cachegen

@@ -1,0 +1,270 @@
+#include "codec/cachegen/section_coder.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "codec/cachegen/hadamard.h"
+#include "codec/rans.h"
+#include "common/bytes.h"
+#include "common/half.h"
+
+namespace cachegen {
+namespace {
+
+// Channel scales are stored as u8 codes on a 1/8-octave grid: 2^((code-128)/8),
+// 2^-16 .. 2^15.9. Coarse is fine: rate control scales every step anyway.
+constexpr int kSigmaCodeBias = 128;
+constexpr float kSigmaCodeSteps = 8.0f;
+// Means are stored as integers in units of scale/4: the encoder uses the
+// stored value, so its coarseness only costs a negligible offset.
+constexpr float kMeanUnitsPerSigma = 4.0f;
+// Quantized values are kept within +-2^30 so symbols fit 32 bits.
+constexpr double kMaxAbsSymbol = double(1 << 30);
+// Histogram bins used for size estimates; larger values share the last bin.
+constexpr size_t kEstimateBins = 1024;
+
+inline float SigmaFromCode(uint8_t code) { return std::exp2((int(code) - kSigmaCodeBias) / kSigmaCodeSteps); }
+
+inline uint8_t SigmaCode(double sigma) {
+  if (!(sigma > 0)) return 0;
+  const double c = std::nearbyint(std::log2(sigma) * kSigmaCodeSteps) + kSigmaCodeBias;
+  return static_cast<uint8_t>(std::clamp(c, 0.0, 255.0));
+}
+
+inline uint32_t ZigZag(int32_t q) { return (static_cast<uint32_t>(q) << 1) ^ static_cast<uint32_t>(q >> 31); }
+inline int32_t UnZigZag(uint32_t u) { return static_cast<int32_t>(u >> 1) ^ -static_cast<int32_t>(u & 1); }
+
+inline int32_t QuantizeValue(float r, float inv_step) {
+  const double q = std::nearbyint(double(r) * inv_step);
+  return static_cast<int32_t>(std::clamp(q, -kMaxAbsSymbol, kMaxAbsSymbol));
+}
+
+// Streams of a section: per head an anchor stream, then (with deltas) a delta stream.
+struct StreamCounts {
+  uint32_t anchors = 0;  // tokens coded against the channel mean
+  uint32_t deltas = 0;   // tokens coded against their group's anchor
+};
+
+StreamCounts CountStreams(const SectionLayout& l, bool use_delta) {
+  const uint32_t tq = l.quantized_tokens();
+  if (!use_delta) return {tq, 0};
+  const uint32_t anchors = (tq + l.group_tokens - 1) / l.group_tokens;
+  return {anchors, tq - anchors};
+}
+
+// The per-token step multiplier: recent tokens may be finer.
+inline float TokenStep(const SectionLayout& l, float step, uint32_t t) {
+  return t >= l.recent_begin ? step * l.recent_step_scale : step;
+}
+
+size_t SideInfoBytes(const std::vector<int32_t>& mean_code, size_t channels) {
+  std::vector<uint8_t> tmp;
+  ByteWriter w(&tmp);
+  for (int32_t m : mean_code) w.Varint(ZigZag(m));
+  return 1 + 4 + channels + tmp.size();
+}
+
+}  // namespace
+
+SectionAnalysis::SectionAnalysis(const SectionLayout& layout, std::span<const float> rows) : layout_(layout) {
+  const uint32_t C = layout.channels(), D = layout.head_dim, T = layout.tokens, tq = layout.quantized_tokens();
+  y_.assign(rows.begin(), rows.begin() + size_t{tq} * C);
+  exact_.assign(rows.begin() + size_t{tq} * C, rows.begin() + size_t{T} * C);
+  for (float v : rows) signal_power_ += double(v) * v;
+  signal_power_ /= std::max<size_t>(1, rows.size());
+  if (layout.rotate)
+    for (uint32_t t = 0; t < tq; ++t)
+      for (uint32_t h = 0; h < layout.kv_heads; ++h) HadamardInPlace(&y_[size_t{t} * C + size_t{h} * D], D);
+
+  std::vector<double> sum(C, 0), sum_sq(C, 0);
+  for (uint32_t t = 0; t < tq; ++t)
+    for (uint32_t c = 0; c < C; ++c) {
+      const double v = y_[size_t{t} * C + c];
+      sum[c] += v;
+      sum_sq[c] += v * v;
+    }
+  sigma_code_.resize(C);
+  mean_code_.resize(C);
+  sigma_.resize(C);
+  mean_.resize(C);
+  for (uint32_t c = 0; c < C; ++c) {
+    const double n = std::max<uint32_t>(1, tq);
+    const double mu = sum[c] / n;
+    const double var = std::max(0.0, sum_sq[c] / n - mu * mu);
+    sigma_code_[c] = SigmaCode(std::sqrt(var));
+    sigma_[c] = SigmaFromCode(sigma_code_[c]);
+    const float unit = sigma_[c] / kMeanUnitsPerSigma;
+    mean_code_[c] = static_cast<int32_t>(std::clamp(std::nearbyint(mu / unit), -kMaxAbsSymbol, kMaxAbsSymbol));
+    mean_[c] = static_cast<float>(mean_code_[c]) * unit;
+    mean_sigma_sq_ += double(sigma_[c]) * sigma_[c] / C;
+  }
+}
+
+// Calls visit(head, is_delta_stream, symbol, original, reconstructed) for every
+// quantized value, in stream order (token groups, tokens, channels).
+template <typename Visit>
+void SectionAnalysis::Quantize(float step, bool use_delta, uint32_t sample_every, Visit&& visit) const {
+  const SectionLayout& l = layout_;
+  const uint32_t C = l.channels(), D = l.head_dim, tq = l.quantized_tokens();
+  const uint32_t G = use_delta ? l.group_tokens : 1;
+  std::vector<float> anchor(C), st(C), inv(C);
+  float st_for = -1;
+  for (uint32_t g0 = 0, gi = 0; g0 < tq; g0 += G, ++gi) {
+    if (sample_every > 1 && gi % sample_every != 0) continue;
+    for (uint32_t t = g0; t < std::min(g0 + G, tq); ++t) {
+      const float ts = TokenStep(l, step, t);
+      if (ts != st_for) {
+        for (uint32_t c = 0; c < C; ++c) {
+          st[c] = sigma_[c] * ts;
+          inv[c] = 1.0f / st[c];
+        }
+        st_for = ts;
+      }
+      const float* row = &y_[size_t{t} * C];
+      const bool is_delta = t != g0;
+      for (uint32_t c = 0; c < C; ++c) {
+        const float pred = is_delta ? anchor[c] : mean_[c];
+        const int32_t q = QuantizeValue(row[c] - pred, inv[c]);
+        const float rec = pred + static_cast<float>(q) * st[c];
+        if (!is_delta) anchor[c] = rec;
+        visit(c / D, is_delta, ZigZag(q), row[c], rec);
+      }
+    }
+  }
+}
+
+double SectionAnalysis::EstimateBytes(float step, bool use_delta, uint32_t sample_every) const {
+  const uint32_t H = layout_.kv_heads;
+  std::vector<uint64_t> hist(size_t{H} * 2 * kEstimateBins, 0);
+  Quantize(step, use_delta, sample_every, [&](uint32_t h, bool is_delta, uint32_t u, float, float) {
+    ++hist[(size_t{h} * 2 + is_delta) * kEstimateBins + std::min<size_t>(u, kEstimateBins - 1)];
+  });
+  double stream_bytes = 0;
+  for (uint32_t s = 0; s < H * 2; ++s) {
+    std::span<const uint64_t> hs(&hist[size_t{s} * kEstimateBins], kEstimateBins);
+    if ((s & 1) && !use_delta) continue;
+    stream_bytes += static_cast<double>(rans::EstimateStreamBytes(hs));
+  }
+  const uint32_t groups = use_delta ? (layout_.quantized_tokens() + layout_.group_tokens - 1) / layout_.group_tokens
+                                    : layout_.quantized_tokens();
+  const uint32_t sampled = sample_every > 1 ? (groups + sample_every - 1) / sample_every : groups;
+  if (sampled > 0) stream_bytes *= double(groups) / sampled;
+  return stream_bytes + SideInfoBytes(mean_code_, layout_.channels()) + exact_.size() * 2.0;
+}
+
+bool SectionAnalysis::PreferDelta(float step) const {
+  if (layout_.group_tokens <= 1) return false;
+  return EstimateBytes(step, true, 1) < EstimateBytes(step, false, 1);
+}
+
+double SectionAnalysis::MeasureMse(float step, bool use_delta) const {
+  double err = 0;
+  size_t n = 0;
+  Quantize(step, use_delta, 1, [&](uint32_t, bool, uint32_t, float x, float rec) {
+    err += double(x - rec) * (x - rec);
+    ++n;
+  });
+  for (float v : exact_) {
+    const double e = v - RoundToF16(v);
+    err += e * e;
+  }
+  n += exact_.size();
+  return n ? err / n : 0;
+}
+
+void SectionAnalysis::Encode(float step, bool use_delta, std::vector<uint8_t>* out, uint32_t* side_bytes) const {
+  const uint32_t H = layout_.kv_heads, C = layout_.channels();
+  const StreamCounts counts = CountStreams(layout_, use_delta);
+  std::vector<std::vector<uint32_t>> streams(size_t{H} * 2);
+  for (uint32_t h = 0; h < H; ++h) {
+    streams[2 * h].reserve(size_t{counts.anchors} * layout_.head_dim);
+    streams[2 * h + 1].reserve(size_t{counts.deltas} * layout_.head_dim);
+  }
+  Quantize(step, use_delta, 1, [&](uint32_t h, bool is_delta, uint32_t u, float, float) {
+    streams[2 * h + is_delta].push_back(u);
+  });
+
+  ByteWriter w(out);
+  const size_t start = w.size();
+  w.U8(use_delta ? 1 : 0);
+  w.F32(step);
+  for (uint32_t c = 0; c < C; ++c) w.U8(sigma_code_[c]);
+  for (uint32_t c = 0; c < C; ++c) w.Varint(ZigZag(mean_code_[c]));
+  *side_bytes = static_cast<uint32_t>(w.size() - start);
+  for (uint32_t h = 0; h < H; ++h) {
+    rans::EncodeStream(streams[2 * h], w);
+    if (use_delta) rans::EncodeStream(streams[2 * h + 1], w);
+  }
+  for (float v : exact_) w.U16(F32ToF16(v));
+}
+
+Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> payload, std::span<float> out) {
+  const uint32_t H = l.kv_heads, D = l.head_dim, C = l.channels(), tq = l.quantized_tokens();
+  if (out.size() != size_t{l.tokens} * C) return Status::Internal("cachegen section: output size mismatch");
+  ByteReader r(payload);
+  const uint8_t flags = r.U8();
+  const float step = r.F32();
+  auto sigma_codes = r.Bytes(C);
+  if (!r.ok()) return Status::Corrupt("cachegen section: truncated header");
+  if (flags > 1) return Status::Corrupt("cachegen section: unknown flags " + std::to_string(flags));
+  if (!(step > 0) || !std::isfinite(step) || step > 1e30f) return Status::Corrupt("cachegen section: invalid step");
+  const bool use_delta = flags & 1;
+  std::vector<float> sigma(C), mean(C), st(C);
+  for (uint32_t c = 0; c < C; ++c) {
+    sigma[c] = SigmaFromCode(sigma_codes[c]);
+    const uint64_t z = r.Varint();
+    if (!r.ok() || z > (uint64_t{1} << 31)) return Status::Corrupt("cachegen section: invalid channel mean");
+    mean[c] = static_cast<float>(UnZigZag(static_cast<uint32_t>(z))) * (sigma[c] / kMeanUnitsPerSigma);
+  }
+  const StreamCounts counts = CountStreams(l, use_delta);
+  std::vector<std::vector<uint32_t>> streams(size_t{H} * 2);
+  for (uint32_t h = 0; h < H; ++h) {
+    streams[2 * h].resize(size_t{counts.anchors} * D);
+    CG_RETURN_IF_ERROR(rans::DecodeStream(r, streams[2 * h]));
+    if (use_delta) {
+      streams[2 * h + 1].resize(size_t{counts.deltas} * D);
+      CG_RETURN_IF_ERROR(rans::DecodeStream(r, streams[2 * h + 1]));
+    }
+  }
+
+  // Reconstruct exactly as the encoder's Quantize() did.
+  const uint32_t G = use_delta ? l.group_tokens : 1;
+  std::vector<size_t> cursor(size_t{H} * 2, 0);
+  std::vector<float> anchor(C);
+  float st_for = -1;
+  for (uint32_t g0 = 0; g0 < tq; g0 += G) {
+    for (uint32_t t = g0; t < std::min(g0 + G, tq); ++t) {
+      const float ts = TokenStep(l, step, t);
+      if (ts != st_for) {
+        for (uint32_t c = 0; c < C; ++c) st[c] = sigma[c] * ts;
+        st_for = ts;
+      }
+      const bool is_delta = t != g0;
+      float* row = &out[size_t{t} * C];
+      for (uint32_t h = 0; h < H; ++h) {
+        const uint32_t* sym = &streams[2 * h + is_delta][cursor[2 * h + is_delta]];
+        cursor[2 * h + is_delta] += D;
+        for (uint32_t d = 0; d < D; ++d) {
+          const uint32_t c = h * D + d;
+          const float pred = is_delta ? anchor[c] : mean[c];
+          const float rec = pred + static_cast<float>(UnZigZag(sym[d])) * st[c];
+          if (!is_delta) anchor[c] = rec;
+          row[c] = rec;
+        }
+      }
+    }
+  }
+  if (l.rotate)
+    for (uint32_t t = 0; t < tq; ++t)
+      for (uint32_t h = 0; h < H; ++h) HadamardInPlace(&out[size_t{t} * C + size_t{h} * D], D);
+
+  const size_t exact_values = size_t{l.tokens - tq} * C;
+  if (r.remaining() != exact_values * 2)
+    return Status::Corrupt("cachegen section: " + std::to_string(r.remaining()) + " trailing bytes, expected " +
+                           std::to_string(exact_values * 2));
+  for (size_t i = 0; i < exact_values; ++i) out[size_t{tq} * C + i] = F16ToF32(r.U16());
+  return Status::Ok();
+}
+
+}  // namespace cachegen

@@ -1,0 +1,71 @@
+// The cachegen codec's per-section coder: one (layer, K|V) of one chunk.
+//
+// Pipeline (docs/spec/cachegen.md): optional per-head Hadamard rotation,
+// per-channel mean and scale, token groups of G whose first token (anchor) is
+// quantized against the channel mean and whose other tokens are quantized as
+// deltas against the *reconstructed* anchor (closed loop: no drift, groups are
+// independent), uniform per-channel steps = scale * section step, and rANS per
+// head for anchors and deltas. The context's most recent tokens may use a
+// finer step, or be kept exactly (f16).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "cachegen/status.h"
+
+namespace cachegen {
+
+struct SectionLayout {
+  uint32_t tokens = 0;
+  uint32_t kv_heads = 0;
+  uint32_t head_dim = 0;
+  uint32_t group_tokens = 1;   // G >= 1
+  bool rotate = false;         // requires head_dim a power of two
+  uint32_t recent_begin = 0;   // first token (chunk-relative) of the recent window
+  float recent_step_scale = 1; // 0: recent tokens stored as exact f16
+  uint32_t channels() const { return kv_heads * head_dim; }
+  // Tokens coded through the quantizer: all but an exact f16 tail.
+  uint32_t quantized_tokens() const { return recent_step_scale == 0 ? recent_begin : tokens; }
+};
+
+// Analysis shared by every quality level: rotated rows and channel statistics.
+class SectionAnalysis {
+ public:
+  SectionAnalysis(const SectionLayout& layout, std::span<const float> rows);
+  const SectionLayout& layout() const { return layout_; }
+  // Sum of squares and count of the original values (for SNR targets).
+  double signal_power() const { return signal_power_; }
+  double mean_sigma_sq() const { return mean_sigma_sq_; }
+
+  // Quantizes at `step` and returns the exact size the section would take.
+  // sample_every > 1 quantizes one token group in that many and scales up.
+  double EstimateBytes(float step, bool use_delta, uint32_t sample_every) const;
+  // Chooses delta prediction or not by estimated size at `step`.
+  bool PreferDelta(float step) const;
+  // Mean squared error of the reconstruction at `step` (rotated domain, which
+  // equals the original domain up to rounding since the rotation is orthonormal).
+  double MeasureMse(float step, bool use_delta) const;
+
+  // Writes the section payload; side_bytes receives the side-information share.
+  void Encode(float step, bool use_delta, std::vector<uint8_t>* out, uint32_t* side_bytes) const;
+
+ private:
+  template <typename Visit>
+  void Quantize(float step, bool use_delta, uint32_t sample_every, Visit&& visit) const;
+
+  SectionLayout layout_;
+  std::vector<float> y_;        // rotated rows [tokens][channels]
+  std::vector<float> exact_;    // original rows of the exact tail
+  std::vector<uint8_t> sigma_code_;
+  std::vector<int32_t> mean_code_;
+  std::vector<float> sigma_, mean_;  // dequantized: what the decoder will use
+  double signal_power_ = 0;
+  double mean_sigma_sq_ = 0;
+};
+
+// Decodes a payload written by SectionAnalysis::Encode into rows [tokens][channels].
+Status DecodeCacheGenSection(const SectionLayout& layout, std::span<const uint8_t> payload, std::span<float> out);
+
+}  // namespace cachegen
