@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <vector>
 
@@ -328,6 +329,90 @@ TEST(Baselines, RejectsNonFiniteInput) {
     Chunk c = MakeChunk({1, 1, 32, 64}, 15, 0, 100000);
     c.data[7] = NAN;
     EXPECT_FALSE(Get(name).Encode(c.View(), CodecConfig{}).ok()) << name;
+  }
+}
+
+// --- cachegen-ref ------------------------------------------------------------
+
+uint32_t RefLevels(uint32_t layer, KV kv) {
+  const uint32_t bins = kv == KV::kKey ? (layer < 10 ? 32 : 16) : (layer < 2 ? 32 : 16);
+  return bins / 2 - 1;
+}
+
+TEST(CacheGenRef, ErrorBoundPerRowAndBinsPerLayer) {
+  Chunk c = MakeChunk({12, 2, 32, 80}, 16);
+  Encoded e = RoundTrip(Get("cachegen-ref"), c);
+  const uint64_t C = c.shape.channels();
+  for (uint32_t s = 0; s < e.sections.size(); ++s) {
+    const uint32_t layer = s / 2;
+    const KV kv = s % 2 ? KV::kValue : KV::kKey;
+    const float M = static_cast<float>(RefLevels(layer, kv));
+    auto in = c.Section(layer, kv);
+    const auto& b = e.sections[s].bytes;
+    EXPECT_GE(e.sections[s].side_bytes, c.shape.tokens * 2u);
+    EXPECT_LT(e.sections[s].side_bytes, b.size());
+    for (uint32_t t = 0; t < c.shape.tokens; ++t) {
+      const float a = F16At(b, 2 * t);
+      float amax = 0;
+      for (uint64_t ch = 0; ch < C; ++ch) amax = std::max(amax, std::fabs(in[t * C + ch]));
+      ASSERT_GE(a, amax);
+      for (uint64_t ch = 0; ch < C; ++ch) {
+        const uint64_t i = t * C + ch;
+        ASSERT_LE(std::fabs(e.decoded[s][i] - in[i]), a / (2 * M) * (1 + 1e-4f)) << s << " " << i;
+        // Reconstructions sit on the 2M+1 level grid.
+        const float level = e.decoded[s][i] / a * M;
+        ASSERT_NEAR(level, std::nearbyint(level), 1e-3f);
+      }
+    }
+  }
+  // Rate at a realistic chunk length (256 tokens): entropy-coded 31/15-level
+  // symbols of Gaussian-like rows, plus per-channel tables.
+  Chunk big = MakeChunk({12, 2, 64, 256}, 20);
+  Encoded eb = RoundTrip(Get("cachegen-ref"), big);
+  const double bpv = BitsPerValue(eb, big);
+  std::printf("cachegen-ref: %.3f bits/value (T=80), %.3f bits/value (T=256)\n", BitsPerValue(e, c), bpv);
+  EXPECT_GT(bpv, 1.0);
+  EXPECT_LT(bpv, 5.0);
+}
+
+TEST(CacheGenRef, ConstantChannelsCostLittle) {
+  Chunk c = MakeChunk({1, 2, 32, 256}, 17);
+  for (size_t i = 0; i < c.data.size(); ++i) c.data[i] = (i % 64) < 32 ? 1.0f : -0.5f;
+  Encoded e = RoundTrip(Get("cachegen-ref"), c);
+  for (uint32_t s = 0; s < 2; ++s) {
+    auto in = c.Section(0, s ? KV::kValue : KV::kKey);
+    for (size_t i = 0; i < in.size(); ++i) ASSERT_NEAR(e.decoded[s][i], in[i], 1.0f / 30 + 1e-6f);
+  }
+  EXPECT_LT(BitsPerValue(e, c), 1.0);
+}
+
+TEST(CacheGenRef, HostilePayloadsNeverCrash) {
+  const Codec& codec = Get("cachegen-ref");
+  Chunk c = MakeChunk({1, 2, 8, 40}, 18);
+  auto r = codec.Encode(c.View(), CodecConfig{});
+  ASSERT_TRUE(r.ok());
+  std::mt19937 rng(19);
+  for (uint32_t s = 0; s < 2; ++s) {
+    const auto& good = (*r)[0].sections[s].bytes;
+    SectionContext ctx = Ctx(c, 0, s ? KV::kValue : KV::kKey);
+    std::vector<float> out(40 * 16);
+    for (size_t n = 0; n < good.size(); n += 1 + n / 8) {
+      std::vector<uint8_t> p(good.begin(), good.begin() + n);
+      EXPECT_FALSE(codec.DecodeSection(ctx, p, out).ok()) << n;
+    }
+    std::vector<uint8_t> longer = good;
+    longer.push_back(0);
+    EXPECT_FALSE(codec.DecodeSection(ctx, longer, out).ok());
+    // Layer 5 values use 16 bins: the 32-bin symbols of layer 0 may be out of range.
+    (void)codec.DecodeSection(Ctx(c, 5, ctx.kv), good, out);
+    for (int trial = 0; trial < 300; ++trial) {
+      std::vector<uint8_t> p(rng() % (good.size() + 64));
+      for (auto& b : p) b = static_cast<uint8_t>(rng());
+      (void)codec.DecodeSection(ctx, p, out);
+      std::vector<uint8_t> f = good;
+      f[rng() % f.size()] ^= static_cast<uint8_t>(1u << (rng() % 8));
+      (void)codec.DecodeSection(ctx, f, out);
+    }
   }
 }
 
