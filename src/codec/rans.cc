@@ -214,12 +214,15 @@ bool DecodeLanes(uint32_t* state, const uint32_t* table, const uint8_t* words, s
   while (n - i >= kBlock && nwords - pos >= kBlock) {
     for (size_t r = 0; r < kRounds; ++r) {
       uint32_t* o = out + i + r * N;
+#pragma GCC unroll 32
       for (uint32_t j = 0; j < N; ++j) {
         o[j] = Step(x[j], table);
+        // Arithmetic select: compilers tend to turn a ?: here into a
+        // (badly predicted) branch.
         const uint32_t w = Load16(words + 2 * pos);
-        const bool need = x[j] < kL;
-        x[j] = need ? (x[j] << 16) | w : x[j];
-        pos += need;
+        const uint32_t m = 0u - static_cast<uint32_t>(x[j] < kL);
+        x[j] = (x[j] << (m & 16)) | (w & m);
+        pos += m & 1;
       }
     }
     i += kBlock;
