@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include <nlohmann/json.hpp>
+#include <sys/stat.h>
 
 namespace cachegen {
 
@@ -450,10 +451,11 @@ Result<std::vector<uint8_t>> SerializeKV(const KVTensor& tensor, KVFileFormat fo
 Result<std::vector<uint8_t>> ReadFileBytes(const std::string& path) {
   std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
   if (!f) return Status::IOError("cannot open '" + path + "': " + std::strerror(errno));
-  if (std::fseek(f.get(), 0, SEEK_END) != 0) return Status::IOError("cannot seek '" + path + "'");
-  const long size = std::ftell(f.get());
-  if (size < 0) return Status::IOError("cannot size '" + path + "'");
-  std::rewind(f.get());
+  // Only regular files: a directory or device would report a meaningless size.
+  struct stat st;
+  if (fstat(fileno(f.get()), &st) != 0 || !S_ISREG(st.st_mode))
+    return Status::IOError("'" + path + "' is not a regular file");
+  const off_t size = st.st_size;
   std::vector<uint8_t> bytes(static_cast<size_t>(size));
   if (size > 0 && std::fread(bytes.data(), 1, bytes.size(), f.get()) != bytes.size())
     return Status::IOError("cannot read '" + path + "'");

@@ -8,9 +8,10 @@
 // Values: per-token scale times per-channel scale, weaker AR(1) correlation.
 // Every layer has its own overall scale.
 //
-// Deterministic for a seed on every platform: it uses std::mt19937_64 (whose
-// output the standard fixes) and its own normal sampler, not
-// std::normal_distribution (whose algorithm is implementation-defined).
+// Deterministic for a seed: it uses std::mt19937_64 (whose output the
+// standard fixes) and its own normal sampler, not std::normal_distribution
+// (whose algorithm is implementation-defined). The only platform dependence
+// left is libm's last-ulp rounding of log/sin/cos/pow/exp.
 #pragma once
 
 #include <cstdint>
