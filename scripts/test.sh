@@ -81,6 +81,33 @@ echo "== bench smoke"
 build/cachegen bench --synthetic 4,2,64,128 --reps 1 --json >build/bench_smoke.json
 python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["codecs"], "no codecs"; print("bench json ok:", ", ".join(c["name"]+"="+c["status"] for c in d["codecs"]))' build/bench_smoke.json
 
+echo "== CLI smoke"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+build/cachegen encode synthetic:2,2,64,200,5 -o "$tmp/a.cgkv" --levels 2 --chunk-tokens 64 >/dev/null
+build/cachegen inspect "$tmp/a.cgkv" --json | python3 -c 'import json,sys; d=json.load(sys.stdin); assert len(d["chunks"]) == 4 and d["levels"] == 2'
+for ext in npy safetensors kvraw; do
+  build/cachegen decode "$tmp/a.cgkv" -o "$tmp/a.$ext" --level 1 >/dev/null
+  build/cachegen encode "$tmp/a.$ext" -o "$tmp/b.cgkv" --codec fp16 >/dev/null
+done
+expect_rc() {  # expect_rc CODE CMD...: CMD must exit with CODE and print one "cachegen: error:" line
+  local want="$1" rc=0 err
+  shift
+  err="$("$@" 2>&1 >/dev/null)" || rc=$?
+  if [ "$rc" -ne "$want" ] || ! grep -q '^cachegen: error: ' <<<"$err"; then
+    echo "test.sh: '$*' exited $rc (want $want): $err" >&2
+    exit 1
+  fi
+}
+head -c 100 /dev/urandom >"$tmp/junk.cgkv"
+expect_rc 1 build/cachegen inspect "$tmp/junk.cgkv"
+expect_rc 1 build/cachegen decode "$tmp/junk.cgkv" -o "$tmp/x.npy"
+expect_rc 1 build/cachegen encode "$tmp/missing.npy" -o "$tmp/x.cgkv"
+expect_rc 1 build/cachegen encode synthetic:1,2 -o "$tmp/x.cgkv"
+expect_rc 2 build/cachegen encode
+expect_rc 2 build/cachegen encode synthetic:1,1,8,8 -o "$tmp/x.cgkv" --bits 2 --snr-db 10
+echo "cli smoke ok"
+
 if [ "$failed_total" -eq 0 ]; then
   echo "tests: ${passed_total} passed, 0 failed"
 else
