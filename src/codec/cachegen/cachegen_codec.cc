@@ -189,13 +189,16 @@ class CacheGenCodec final : public Codec {
     const uint32_t n = static_cast<uint32_t>(a.size());
     const double values = double(s.values());
     const double frame_bytes = kFrameFixedBytes + kFrameBytesPerSection * n;
-    // Sample about 32 token groups per section during the search.
+    // Sample about 8 token groups per section during the search: with
+    // thousands of channels per section that is tens of thousands of symbols,
+    // plenty for the histograms, and it keeps the search cheap.
+    constexpr uint32_t kSampledGroups = 8;
     const uint32_t groups = std::max(1u, s.tokens / std::max(1u, a[0]->layout().group_tokens));
-    const uint32_t sample_every = std::max(1u, groups / 32);
+    uint32_t sample_every = std::max(1u, groups / kSampledGroups);
     auto factor = [&](uint32_t i) { return LayerFactor(i / 2, s.layers, cfg.layer_slope); };
 
     CG_RETURN_IF_ERROR(ParallelFor(n, cfg.threads, [&](uint64_t i) {
-      (*deltas)[i] = a[i]->PreferDelta(factor(uint32_t(i)));
+      (*deltas)[i] = a[i]->PreferDelta(factor(uint32_t(i)), sample_every);
       return Status::Ok();
     }));
     std::vector<double> bytes(n);
@@ -214,7 +217,7 @@ class CacheGenCodec final : public Codec {
     CG_ASSIGN_OR_RETURN(double f0, bits_at(x0));
     f0 -= target_bits;
     double x1 = std::clamp(x0 + f0, -20.0, 20.0);
-    for (int iter = 0; iter < 10 && std::abs(f0) > 0.003 * target_bits; ++iter) {
+    for (int iter = 0; iter < 10 && std::abs(f0) > 0.01 * target_bits; ++iter) {
       CG_ASSIGN_OR_RETURN(double f1, bits_at(x1));
       f1 -= target_bits;
       double next = x1 + f1;  // fallback slope -1
@@ -226,6 +229,15 @@ class CacheGenCodec final : public Codec {
       f0 = f1;
       x1 = std::clamp(next, x0 - 4, x0 + 4);
       x1 = std::clamp(x1, -20.0, 20.0);
+    }
+    // Sampling biases the estimate (tables are counted per sample); one
+    // correction step on the full data removes most of it.
+    sample_every = 1;
+    CG_ASSIGN_OR_RETURN(double full, bits_at(x0));
+    if (std::abs(full - target_bits) > 0.01 * target_bits) {
+      const double x2 = std::clamp(x0 + (full - target_bits), -20.0, 20.0);
+      CG_ASSIGN_OR_RETURN(double full2, bits_at(x2));
+      if (std::abs(full2 - target_bits) < std::abs(full - target_bits)) x0 = x2;
     }
     for (uint32_t i = 0; i < n; ++i) (*steps)[i] = static_cast<float>(std::exp2(x0)) * factor(i);
     return Status::Ok();

@@ -35,9 +35,11 @@ inline uint8_t SigmaCode(double sigma) {
 inline uint32_t ZigZag(int32_t q) { return (static_cast<uint32_t>(q) << 1) ^ static_cast<uint32_t>(q >> 31); }
 inline int32_t UnZigZag(uint32_t u) { return static_cast<int32_t>(u >> 1) ^ -static_cast<int32_t>(u & 1); }
 
+// Rounds half away from zero. Only the encoder rounds, so the rounding rule is
+// not part of the format; this form vectorizes, nearbyint does not.
 inline int32_t QuantizeValue(float r, float inv_step) {
-  const double q = std::nearbyint(double(r) * inv_step);
-  return static_cast<int32_t>(std::clamp(q, -kMaxAbsSymbol, kMaxAbsSymbol));
+  const float v = std::clamp(r * inv_step, -float(kMaxAbsSymbol), float(kMaxAbsSymbol));
+  return static_cast<int32_t>(v + std::copysign(0.5f, v));
 }
 
 // Streams of a section: per head an anchor stream, then (with deltas) a delta stream.
@@ -123,13 +125,14 @@ void SectionAnalysis::Quantize(float step, bool use_delta, uint32_t sample_every
       }
       const float* row = &y_[size_t{t} * C];
       const bool is_delta = t != g0;
-      for (uint32_t c = 0; c < C; ++c) {
-        const float pred = is_delta ? anchor[c] : mean_[c];
-        const int32_t q = QuantizeValue(row[c] - pred, inv[c]);
-        const float rec = pred + static_cast<float>(q) * st[c];
-        if (!is_delta) anchor[c] = rec;
-        visit(c / D, is_delta, ZigZag(q), row[c], rec);
-      }
+      const float* pred = is_delta ? anchor.data() : mean_.data();
+      for (uint32_t h = 0, c = 0; h < l.kv_heads; ++h)
+        for (uint32_t d = 0; d < D; ++d, ++c) {
+          const int32_t q = QuantizeValue(row[c] - pred[c], inv[c]);
+          const float rec = pred[c] + static_cast<float>(q) * st[c];
+          if (!is_delta) anchor[c] = rec;
+          visit(h, is_delta, ZigZag(q), row[c], rec);
+        }
     }
   }
 }
@@ -153,9 +156,9 @@ double SectionAnalysis::EstimateBytes(float step, bool use_delta, uint32_t sampl
   return stream_bytes + SideInfoBytes(mean_code_, layout_.channels()) + exact_.size() * 2.0;
 }
 
-bool SectionAnalysis::PreferDelta(float step) const {
+bool SectionAnalysis::PreferDelta(float step, uint32_t sample_every) const {
   if (layout_.group_tokens <= 1) return false;
-  return EstimateBytes(step, true, 1) < EstimateBytes(step, false, 1);
+  return EstimateBytes(step, true, sample_every) < EstimateBytes(step, false, sample_every * layout_.group_tokens);
 }
 
 double SectionAnalysis::MeasureMse(float step, bool use_delta) const {

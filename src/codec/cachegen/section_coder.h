@@ -42,8 +42,9 @@ class SectionAnalysis {
   // Quantizes at `step` and returns the exact size the section would take.
   // sample_every > 1 quantizes one token group in that many and scales up.
   double EstimateBytes(float step, bool use_delta, uint32_t sample_every) const;
-  // Chooses delta prediction or not by estimated size at `step`.
-  bool PreferDelta(float step) const;
+  // Chooses delta prediction or not by estimated size at `step`, on one token
+  // group in `sample_every`.
+  bool PreferDelta(float step, uint32_t sample_every = 1) const;
   // Mean squared error of the reconstruction at `step` (rotated domain, which
   // equals the original domain up to rounding since the rotation is orthonormal).
   double MeasureMse(float step, bool use_delta) const;
