@@ -196,12 +196,17 @@ inline uint32_t Step(uint32_t& x, const uint32_t* table) {
 }
 
 // Decodes n symbols with N lanes from `words` (nwords 16-bit words, states
-// already read). Returns false if the payload runs out. *used = words read.
+// already read). Returns false if the payload runs out or cannot be consumed
+// exactly. *used = words read.
 //
-// The fast loop runs whole blocks of kRounds*N symbols while at least that
-// many words remain: a block reads at most one word per symbol, so its reads
-// need no bounds checks and the renormalisation can be branch-free (always
-// load the next word, keep it only if needed).
+// Symbols are decoded in blocks of kRounds*N. A block reads at most one word
+// per symbol, so while at least kBlock words remain its reads need no bounds
+// checks and renormalisation can be branch-free (always load the next word,
+// keep it only if needed). When fewer remain, the rest of the payload (fewer
+// than kBlock words) is copied into a zero-padded buffer with kBlock words of
+// slack, so the same unchecked block code runs on it and one check per block
+// catches a payload that ran out. Only the last partial block is decoded with
+// per-read checks.
 template <uint32_t N>
 bool DecodeLanes(uint32_t* state, const uint32_t* table, const uint8_t* words, size_t nwords, uint32_t* out,
                  size_t n, size_t* used) {
@@ -209,22 +214,38 @@ bool DecodeLanes(uint32_t* state, const uint32_t* table, const uint8_t* words, s
   constexpr size_t kBlock = kRounds * N;
   uint32_t x[N];
   for (uint32_t j = 0; j < N; ++j) x[j] = state[j];
-  size_t pos = 0;
-  size_t i = 0;
-  while (n - i >= kBlock && nwords - pos >= kBlock) {
-    for (size_t r = 0; r < kRounds; ++r) {
-      uint32_t* o = out + i + r * N;
+
+  auto block = [&](const uint8_t* wp, size_t pos, uint32_t* o) __attribute__((always_inline)) {
+    for (size_t r = 0; r < kRounds; ++r, o += N) {
 #pragma GCC unroll 32
       for (uint32_t j = 0; j < N; ++j) {
         o[j] = Step(x[j], table);
         // Arithmetic select: compilers tend to turn a ?: here into a
         // (badly predicted) branch.
-        const uint32_t w = Load16(words + 2 * pos);
+        const uint32_t w = Load16(wp + 2 * pos);
         const uint32_t m = 0u - static_cast<uint32_t>(x[j] < kL);
         x[j] = (x[j] << (m & 16)) | (w & m);
         pos += m & 1;
       }
     }
+    return pos;
+  };
+
+  size_t pos = 0;
+  size_t i = 0;
+  while (n - i >= kBlock && nwords - pos >= kBlock) {
+    pos = block(words, pos, out + i);
+    i += kBlock;
+  }
+  // At most one word per remaining symbol can still be read.
+  const size_t rem = nwords - pos;  // < kBlock here
+  if (rem > n - i) return false;
+  uint8_t pad[4 * kBlock] = {};
+  std::memcpy(pad, words + 2 * pos, 2 * rem);
+  size_t p = 0;
+  while (n - i >= kBlock) {
+    p = block(pad, p, out + i);
+    if (p > rem) return false;
     i += kBlock;
   }
   // Tail: i is a multiple of N here, so lane j = i % N restarts at 0.
@@ -232,14 +253,14 @@ bool DecodeLanes(uint32_t* state, const uint32_t* table, const uint8_t* words, s
   for (; i < n; ++i) {
     out[i] = Step(x[j], table);
     if (x[j] < kL) {
-      if (pos >= nwords) return false;
-      x[j] = (x[j] << 16) | Load16(words + 2 * pos);
-      ++pos;
+      if (p >= rem) return false;
+      x[j] = (x[j] << 16) | Load16(pad + 2 * p);
+      ++p;
     }
     j = (j + 1 == N) ? 0 : j + 1;
   }
   for (uint32_t k = 0; k < N; ++k) state[k] = x[k];
-  *used = pos;
+  *used = pos + p;
   return true;
 }
 
@@ -432,7 +453,7 @@ Status DecodeStream(ByteReader& in, std::span<uint32_t> out) {
   const size_t body_words = nwords - 2 * lanes;
   size_t used = 0;
   if (!kDecoders[lanes - 1](state, table.data(), payload.data() + 4 * lanes, body_words, out.data(), n, &used)) {
-    return Corrupt("payload exhausted before the last symbol");
+    return Corrupt("payload length does not match the coded symbols");
   }
   if (used != body_words) return Corrupt("payload has unread words after the last symbol");
   for (uint32_t j = 0; j < lanes; ++j) {
