@@ -47,9 +47,13 @@ Result<Encoder> Encoder::Create(const CodecConfig& config) {
   return Encoder(config);
 }
 
-Result<std::vector<std::vector<uint8_t>>> Encoder::EncodeChunk(const KVView& chunk, uint32_t token_start,
-                                                               uint32_t context_tokens,
-                                                               std::vector<FrameStats>* stats) const {
+namespace {
+
+// EncodeChunk's body; `check_finite` is false when the caller (Encode) has
+// already scanned the whole context, so the scan is not repeated per chunk.
+Result<std::vector<std::vector<uint8_t>>> EncodeChunkImpl(const CodecConfig& config, const KVView& chunk,
+                                                          uint32_t token_start, uint32_t context_tokens,
+                                                          std::vector<FrameStats>* stats, bool check_finite) {
   const KVShape& shape = chunk.shape();
   CG_RETURN_IF_ERROR(shape.Validate());
   if (uint64_t{token_start} + shape.tokens > UINT32_MAX)
@@ -57,8 +61,8 @@ Result<std::vector<std::vector<uint8_t>>> Encoder::EncodeChunk(const KVView& chu
   if (context_tokens == 0) context_tokens = token_start + shape.tokens;
   if (context_tokens < token_start + shape.tokens)
     return Status::InvalidArgument("context_tokens is less than the chunk's end");
-  CG_RETURN_IF_ERROR(CheckFinite(chunk));
-  CG_ASSIGN_OR_RETURN(const Codec* codec, CodecByName(config_.codec));
+  if (check_finite) CG_RETURN_IF_ERROR(CheckFinite(chunk));
+  CG_ASSIGN_OR_RETURN(const Codec* codec, CodecByName(config.codec));
 
   // Gather the chunk as contiguous f32 [layer][K|V][token][channel].
   const uint64_t row = shape.channels();
@@ -74,8 +78,8 @@ Result<std::vector<std::vector<uint8_t>>> Encoder::EncodeChunk(const KVView& chu
   in.context_tokens = context_tokens;
   in.data = data;
 
-  CG_ASSIGN_OR_RETURN(std::vector<EncodedLevel> levels, codec->Encode(in, config_));
-  if (levels.empty() || levels.size() > RequestedLevels(config_))
+  CG_ASSIGN_OR_RETURN(std::vector<EncodedLevel> levels, codec->Encode(in, config));
+  if (levels.empty() || levels.size() > RequestedLevels(config))
     return Status::Internal(std::string(codec->name()) + " returned " + std::to_string(levels.size()) +
                             " levels");
   std::vector<std::vector<uint8_t>> frames;
@@ -116,6 +120,14 @@ Result<std::vector<std::vector<uint8_t>>> Encoder::EncodeChunk(const KVView& chu
   return frames;
 }
 
+}  // namespace
+
+Result<std::vector<std::vector<uint8_t>>> Encoder::EncodeChunk(const KVView& chunk, uint32_t token_start,
+                                                               uint32_t context_tokens,
+                                                               std::vector<FrameStats>* stats) const {
+  return EncodeChunkImpl(config_, chunk, token_start, context_tokens, stats, /*check_finite=*/true);
+}
+
 Result<std::vector<uint8_t>> Encoder::Encode(const KVView& kv, EncodeStats* stats, uint32_t token_start) const {
   const KVShape& shape = kv.shape();
   CG_RETURN_IF_ERROR(shape.Validate());
@@ -133,8 +145,8 @@ Result<std::vector<uint8_t>> Encoder::Encode(const KVView& kv, EncodeStats* stat
   CG_RETURN_IF_ERROR(ParallelFor(chunks, config_.threads, [&](uint64_t c) -> Status {
     const uint32_t begin = static_cast<uint32_t>(c) * chunk_tokens;
     const uint32_t n = std::min(chunk_tokens, shape.tokens - begin);
-    CG_ASSIGN_OR_RETURN(frames[c], EncodeChunk(kv.Tokens(begin, n), token_start + begin, context_tokens,
-                                               &chunk_stats[c]));
+    CG_ASSIGN_OR_RETURN(frames[c], EncodeChunkImpl(config_, kv.Tokens(begin, n), token_start + begin,
+                                                   context_tokens, &chunk_stats[c], /*check_finite=*/false));
     return Status::Ok();
   }));
   const size_t levels = frames[0].size();
