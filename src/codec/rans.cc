@@ -278,11 +278,12 @@ Status Corrupt(const std::string& what) { return Status::Corrupt("rANS stream: "
 
 // ---------------------------------------------------------------------------
 
-void EncodeStream(std::span<const uint32_t> symbols, ByteWriter& out, const EncodeOptions& options) {
+size_t EncodeStream(std::span<const uint32_t> symbols, ByteWriter& out, const EncodeOptions& options) {
   const size_t n = symbols.size();
+  const size_t start = out.size();
   if (n == 0) {
     out.U8(kModeEmpty);
-    return;
+    return 1;
   }
   Stats s;
   s.n = n;
@@ -300,7 +301,7 @@ void EncodeStream(std::span<const uint32_t> symbols, ByteWriter& out, const Enco
   if (lo == hi) {
     out.U8(kModeConstant);
     out.Varint(lo);
-    return;
+    return out.size() - start;
   }
   s.max_value = hi;
   const Plan p = MakePlan(s, options.lanes);
@@ -353,8 +354,10 @@ void EncodeStream(std::span<const uint32_t> symbols, ByteWriter& out, const Enco
   out.U8(static_cast<uint8_t>(lanes));
   out.Varint(esc.size());
   out.Varint(words.size() * 2);
+  const size_t header = out.size() - start;
   out.Bytes(esc);
   for (uint16_t w : words) out.U16(w);
+  return header;
 }
 
 uint64_t EstimateStreamBytes(std::span<const uint64_t> histogram, const EncodeOptions& options) {

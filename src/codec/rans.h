@@ -30,8 +30,9 @@ struct EncodeOptions {
   uint32_t lanes = kDefaultLanes;  // 1..kMaxLanes
 };
 
-// Appends one stream coding `symbols` to out.
-void EncodeStream(std::span<const uint32_t> symbols, ByteWriter& out, const EncodeOptions& options = {});
+// Appends one stream coding `symbols` to out. Returns how many of the bytes
+// written are stream header (mode, frequency table, lengths): side information.
+size_t EncodeStream(std::span<const uint32_t> symbols, ByteWriter& out, const EncodeOptions& options = {});
 
 // Bytes EncodeStream would append for symbols with this histogram
 // (histogram[v] = count of value v; values beyond the histogram's end are not

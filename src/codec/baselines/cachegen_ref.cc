@@ -64,21 +64,9 @@ class CacheGenRefCodec final : public Codec {
               sym[c * T + t] = static_cast<uint32_t>(qi + M);
             }
           }
-          uint64_t side = uint64_t{T} * 2;
-          std::vector<uint64_t> hist(2 * M + 1);
-          for (uint64_t c = 0; c < C; ++c) {
-            const size_t before = w.size();
-            std::span<const uint32_t> col(&sym[c * T], T);
-            rans::EncodeStream(col, w, rans::EncodeOptions{.lanes = 1});
-            std::fill(hist.begin(), hist.end(), 0);
-            for (uint32_t v : col) ++hist[v];
-            double bits = 0;
-            for (uint64_t n : hist)
-              if (n) bits -= static_cast<double>(n) * std::log2(static_cast<double>(n) / T);
-            const uint64_t ideal = static_cast<uint64_t>(std::ceil(bits / 8));
-            const uint64_t got = w.size() - before;
-            side += got > ideal ? got - ideal : 0;
-          }
+          uint64_t side = uint64_t{T} * 2;  // scales, then each stream's table and lengths
+          for (uint64_t c = 0; c < C; ++c)
+            side += rans::EncodeStream(std::span<const uint32_t>(&sym[c * T], T), w, rans::EncodeOptions{.lanes = 1});
           s.side_bytes = static_cast<uint32_t>(std::min<uint64_t>(side, s.bytes.size()));
           return Status::Ok();
         });

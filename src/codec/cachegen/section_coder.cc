@@ -196,8 +196,8 @@ void SectionAnalysis::Encode(float step, bool use_delta, std::vector<uint8_t>* o
   for (uint32_t c = 0; c < C; ++c) w.Varint(ZigZag(mean_code_[c]));
   *side_bytes = static_cast<uint32_t>(w.size() - start);
   for (uint32_t h = 0; h < H; ++h) {
-    rans::EncodeStream(streams[2 * h], w);
-    if (use_delta) rans::EncodeStream(streams[2 * h + 1], w);
+    *side_bytes += static_cast<uint32_t>(rans::EncodeStream(streams[2 * h], w));
+    if (use_delta) *side_bytes += static_cast<uint32_t>(rans::EncodeStream(streams[2 * h + 1], w));
   }
   for (float v : exact_) w.U16(F32ToF16(v));
 }
