@@ -33,7 +33,7 @@ struct CodecConfig {
 
   // Rate control for the `cachegen` codec: exactly one target may be set
   // (> 0). With none set, bits_per_value = 2.0 is used. Levels below the first
-  // follow the rule in docs/FORMAT.md ("Quality levels").
+  // follow the rule in docs/FORMAT.md ("The cachegen codec", encoder choices).
   double bits_per_value = 0;  // average bits per value, all side information included
   double snr_db = 0;          // per-layer signal-to-noise ratio of K and V
   double max_rel_error = 0;   // max |error| / channel standard deviation

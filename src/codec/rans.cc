@@ -1,4 +1,4 @@
-// rANS symbol streams: see rans.h for the contract and docs/spec/rans.md for
+// rANS symbol streams: see rans.h for the contract and docs/FORMAT.md ("Symbol streams") for
 // the exact byte layout.
 //
 // Coder: 32-bit states in [L, 2^32) with L = 2^16, 16-bit renormalisation,

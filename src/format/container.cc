@@ -1,4 +1,4 @@
-// Container serialization and validation. Byte layout: docs/spec/container.md.
+// Container serialization and validation. Byte layout: docs/FORMAT.md, "Frames and containers".
 #include "format/container.h"
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-// Frame serialization and validation. Byte layout: docs/spec/container.md.
+// Frame serialization and validation. Byte layout: docs/FORMAT.md, "Frames and containers".
 #include "format/frame.h"
 
 #include <cassert>

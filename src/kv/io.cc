@@ -1,4 +1,4 @@
-// KV file formats; see io.h and docs/spec/io.md.
+// KV file formats; see io.h and docs/INPUT-FORMATS.md.
 #include "kv/io.h"
 
 #include <algorithm>

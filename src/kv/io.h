@@ -1,4 +1,4 @@
-// Reading and writing KV tensors from files (docs/spec/io.md).
+// Reading and writing KV tensors from files (docs/INPUT-FORMATS.md).
 //
 // The format is chosen by the path's extension:
 //   .npy          one array [L, 2, T, H, D], dtype <f4 or <f2, C order

@@ -26,7 +26,7 @@ constexpr uint32_t kDefaultGroupTokens = 2;
 constexpr double kLevelBitsRatio = 0.75;
 constexpr double kLevelSnrStepDb = 6.0;
 // Frame bytes outside sections, for rate targets: fixed header plus one
-// section-table entry per section (docs/spec/container.md).
+// section-table entry per section (docs/FORMAT.md, "Frames and containers").
 constexpr double kFrameFixedBytes = 64;
 constexpr double kFrameBytesPerSection = 24;
 

@@ -1,6 +1,6 @@
 // The cachegen codec's per-section coder: one (layer, K|V) of one chunk.
 //
-// Pipeline (docs/spec/cachegen.md): optional per-head Hadamard rotation,
+// Pipeline (docs/FORMAT.md, "The cachegen codec"): optional per-head Hadamard rotation,
 // per-channel mean and scale, token groups of G whose first token (anchor) is
 // quantized against the channel mean and whose other tokens are quantized as
 // deltas against the *reconstructed* anchor (closed loop: no drift, groups are
