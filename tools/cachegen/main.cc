@@ -39,12 +39,14 @@ struct EncodeArgs {
   double bits = 0, snr_db = 0, max_error = 0;
   uint32_t levels = 1, chunk_tokens = 256, threads = 0;
   bool json = false;
+  // cachegen codec tuning (CodecConfig defaults unless given)
+  CodecConfig tuning;
 };
 
 int RunEncode(const EncodeArgs& a) {
   Result<KVTensor> in = LoadInput(a.input);
   if (!in.ok()) return Fail(in.status());
-  CodecConfig cfg;
+  CodecConfig cfg = a.tuning;
   cfg.codec = a.codec;
   cfg.bits_per_value = a.bits;
   cfg.snr_db = a.snr_db;
@@ -210,6 +212,17 @@ int Main(int argc, char** argv) {
   enc->add_option("--chunk-tokens", ea.chunk_tokens, "Tokens per chunk (0 = one chunk)")->capture_default_str();
   enc->add_option("--threads", ea.threads, "Worker threads (0 = all cores)")->capture_default_str();
   enc->add_flag("--json", ea.json, "Print a JSON summary");
+  enc->add_option("--group-tokens", ea.tuning.group_tokens, "cachegen: prediction group size G (0 = default)")
+      ->capture_default_str();
+  enc->add_flag("--rotate,!--no-rotate", ea.tuning.rotate, "cachegen: per-head Hadamard rotation (default off)");
+  enc->add_option("--layer-slope", ea.tuning.layer_slope, "cachegen: >0 gives shallow layers finer steps")
+      ->capture_default_str();
+  enc->add_option("--recent-tokens", ea.tuning.recent_tokens, "cachegen: most recent W tokens at finer precision")
+      ->capture_default_str();
+  enc->add_option("--recent-step-scale", ea.tuning.recent_step_scale,
+                  "cachegen: step multiplier of recent tokens (0 = exact f16)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
 
   DecodeArgs da;
   CLI::App* dec = app.add_subcommand("decode", "Decode a .cgkv container into a KV file");
