@@ -19,7 +19,8 @@ Status DecodeSectionInto(const Codec& codec, const ParsedFrame& p, std::span<con
   CG_ASSIGN_OR_RETURN(std::span<const uint8_t> payload, SectionPayload(p, frame, layer, kv));
   const FrameHeader& h = p.header;
   const uint64_t row = h.shape.channels();
-  scratch.assign(uint64_t{h.shape.tokens} * row, 0.0f);
+  // DecodeSection writes every value, so a reused buffer needs no clearing.
+  scratch.resize(uint64_t{h.shape.tokens} * row);
   SectionContext ctx;
   ctx.shape = h.shape;
   ctx.layer = layer;

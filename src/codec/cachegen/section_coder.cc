@@ -101,6 +101,7 @@ SectionAnalysis::SectionAnalysis(const SectionLayout& layout, std::span<const fl
     mean_[c] = static_cast<float>(mean_code_[c]) * unit;
     mean_sigma_sq_ += double(sigma_[c]) * sigma_[c] / C;
   }
+  side_info_bytes_ = SideInfoBytes(mean_code_, C);
 }
 
 // Calls visit(head, is_delta_stream, symbol, original, reconstructed) for every
@@ -153,7 +154,7 @@ double SectionAnalysis::EstimateBytes(float step, bool use_delta, uint32_t sampl
                                     : layout_.quantized_tokens();
   const uint32_t sampled = sample_every > 1 ? (groups + sample_every - 1) / sample_every : groups;
   if (sampled > 0) stream_bytes *= double(groups) / sampled;
-  return stream_bytes + SideInfoBytes(mean_code_, layout_.channels()) + exact_.size() * 2.0;
+  return stream_bytes + side_info_bytes_ + exact_.size() * 2.0;
 }
 
 bool SectionAnalysis::PreferDelta(float step, uint32_t sample_every) const {

@@ -64,6 +64,7 @@ class SectionAnalysis {
   std::vector<float> sigma_, mean_;  // dequantized: what the decoder will use
   double signal_power_ = 0;
   double mean_sigma_sq_ = 0;
+  size_t side_info_bytes_ = 0;  // flags, step, scale and mean codes
 };
 
 // Decodes a payload written by SectionAnalysis::Encode into rows [tokens][channels].
