@@ -5,7 +5,8 @@
 set -euo pipefail
 
 PACKAGES=(cmake ninja-build g++ clang libclang-rt-14-dev pkg-config libzstd-dev libxxhash-dev libcli11-dev
-          nlohmann-json3-dev libfmt-dev libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev zstd python3)
+          nlohmann-json3-dev libfmt-dev libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev zstd python3
+          libhiredis-dev redis-server libcpp-httplib-dev libssl-dev gnuplot-nox)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -1,6 +1,7 @@
 #include "cachegen/cli.h"
 
 #include <cmath>
+#include <cstdio>
 #include <algorithm>
 #include <limits>
 #include <string_view>
@@ -9,6 +10,23 @@
 #include "kv/synthetic.h"
 
 namespace cachegen::cli {
+
+int Fail(const Status& st) {
+  std::fprintf(stderr, "cachegen: error: %s\n", st.message().c_str());
+  return 1;
+}
+
+std::vector<std::string> SplitList(const std::string& s) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    const size_t comma = std::min(s.find(',', pos), s.size());
+    if (comma > pos) out.push_back(s.substr(pos, comma - pos));
+    pos = comma + 1;
+  }
+  return out;
+}
+
 
 Result<SyntheticSpec> ParseSyntheticSpec(const std::string& spec) {
   std::vector<uint64_t> v;

@@ -10,6 +10,12 @@
 
 namespace cachegen::cli {
 
+// Prints "cachegen: error: <message>" on stderr and returns the failure exit code (1).
+int Fail(const Status& st);
+
+// Splits "a,b,,c" into {"a","b","c"} (empty parts dropped).
+std::vector<std::string> SplitList(const std::string& s);
+
 // Parses "L,H,D,T[,seed]" (the part after "synthetic:", or --synthetic's value).
 struct SyntheticSpec {
   KVShape shape;

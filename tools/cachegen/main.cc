@@ -16,17 +16,13 @@
 #include <nlohmann/json.hpp>
 
 #include "cachegen/cli.h"
+#include "cachegen/command.h"
 #include "cachegen/codec.h"
 #include "kv/io.h"
 #include "kv/synthetic.h"
 
 namespace cachegen::cli {
 namespace {
-
-int Fail(const Status& st) {
-  std::fprintf(stderr, "cachegen: error: %s\n", st.message().c_str());
-  return 1;
-}
 
 std::string JoinNames() {
   std::string s;
@@ -181,17 +177,6 @@ int RunInspect(const std::string& path, bool json) {
   return 0;
 }
 
-std::vector<std::string> SplitList(const std::string& s) {
-  std::vector<std::string> out;
-  size_t pos = 0;
-  while (pos <= s.size()) {
-    const size_t comma = std::min(s.find(',', pos), s.size());
-    if (comma > pos) out.push_back(s.substr(pos, comma - pos));
-    pos = comma + 1;
-  }
-  return out;
-}
-
 int Main(int argc, char** argv) {
   CLI::App app{"cachegen: KV-cache codec for LLMs (encode, decode, inspect, benchmark)"};
   app.require_subcommand(1);
@@ -258,6 +243,8 @@ int Main(int argc, char** argv) {
   std::string demo_synth = "32,8,128,512,1";
   demo->add_option("--synthetic", demo_synth, "Synthetic KV L,H,D,T[,seed]")->capture_default_str();
 
+  const std::vector<CommandRunner> registered = AddRegisteredCommands(app);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -294,6 +281,8 @@ int Main(int argc, char** argv) {
     Status st = RunBench(*in, name, d);
     return st.ok() ? 0 : Fail(st);
   }
+  for (const CommandRunner& run : registered)
+    if (std::optional<int> rc = run()) return *rc;
   return 2;
 }
 
