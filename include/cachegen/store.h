@@ -1,0 +1,81 @@
+// Content-addressed chunk store: encoded frames (one chunk of a context at one
+// quality level) addressed by (ChunkKey, level).
+//
+// Backends are selected by URI (see OpenStore). Every backend verifies what it
+// reads: a chunk whose stored bytes fail their checksum is reported as
+// kNotFound (and counted in StoreStats::corrupt), never returned.
+//
+// Thread safety: every method of a ChunkStore may be called concurrently from
+// several threads.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cachegen/status.h"
+
+namespace cachegen {
+
+// 128-bit chunk address. Written as 32 lowercase hex digits wherever it
+// crosses a process boundary (file names, Redis keys, URLs).
+struct ChunkKey {
+  std::array<uint8_t, 16> bytes{};
+
+  std::string Hex() const;
+  // Accepts exactly 32 hex digits (either case); anything else is kInvalidArgument.
+  static Result<ChunkKey> FromHex(std::string_view hex);
+
+  friend bool operator==(const ChunkKey&, const ChunkKey&) = default;
+  friend auto operator<=>(const ChunkKey&, const ChunkKey&) = default;
+};
+
+// Counters since the store was opened (this process only).
+struct StoreStats {
+  uint64_t puts = 0;
+  uint64_t hits = 0;
+  uint64_t misses = 0;   // absent, corrupt or unreachable
+  uint64_t corrupt = 0;  // subset of misses: stored bytes failed verification
+  uint64_t evictions = 0;
+  uint64_t bytes_written = 0;
+  uint64_t bytes_read = 0;
+};
+
+class ChunkStore {
+ public:
+  virtual ~ChunkStore() = default;
+
+  // Stores `frame` for (key, level), replacing any previous bytes. Atomic:
+  // a concurrent or later reader sees the old bytes or the new ones, never a
+  // mix, even if the process dies mid-write.
+  virtual Status Put(const ChunkKey& key, uint32_t level, std::span<const uint8_t> frame) = 0;
+
+  // The stored bytes, verified. kNotFound when absent or corrupt; kIOError
+  // when the backend cannot be reached.
+  virtual Result<std::vector<uint8_t>> Get(const ChunkKey& key, uint32_t level) = 0;
+
+  // Size in bytes of the stored frame without reading it; kNotFound when absent.
+  virtual Result<uint64_t> Size(const ChunkKey& key, uint32_t level) = 0;
+
+  // Removes (key, level). Removing an absent entry is not an error.
+  virtual Status Delete(const ChunkKey& key, uint32_t level) = 0;
+
+  virtual StoreStats stats() const = 0;
+
+  // The URI this store was opened with (credentials elided).
+  virtual std::string uri() const = 0;
+};
+
+// Opens a store by URI:
+//   file:///abs/path[?max_bytes=N]   embedded default: one file per chunk-level
+//   mem://[?max_bytes=N]             in-process LRU
+//   redis://host:port[?ttl=S]        a single Redis server
+//   redis-cluster://h1:p1,h2:p2[?ttl=S]  Redis Cluster
+// Unknown schemes or malformed URIs are kInvalidArgument.
+Result<std::unique_ptr<ChunkStore>> OpenStore(const std::string& uri);
+
+}  // namespace cachegen
