@@ -12,6 +12,8 @@ JOBS="${JOBS:-$(nproc)}"
 FUZZ_SECONDS="${FUZZ_SECONDS:-60}"
 
 bash scripts/setup.sh
+# llama.cpp (npm registry) for the engine adapter, eval and their tests; without it they are not built.
+bash scripts/fetch-llama.sh || echo "test.sh: llama.cpp not fetched; llama.cpp tests are not built" >&2
 
 passed_total=0
 failed_total=0

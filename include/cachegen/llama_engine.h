@@ -1,0 +1,115 @@
+// The llama.cpp engine adapter (pinned release v0.4.0) and the few model and
+// context calls cachegen's eval needs. Only in builds with llama.cpp
+// (CMake target cachegen_llama; see README "llama.cpp").
+//
+// KV capture and injection go through llama.cpp's public sequence-state API
+// (llama_state_seq_get_data / _set_data), parsed and written by cachegen's own
+// code (docs/ENGINES.md): f32, f16 and bf16 caches, V transposed (flash
+// attention off) or not, one or several streams. Quantized cache types
+// (q8_0, q4_0...) can run as contexts but Capture/Inject return kUnsupported.
+//
+// Not thread-safe: one context is used by one thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cachegen/engine.h"
+
+struct llama_model;
+struct llama_context;
+
+namespace cachegen {
+
+// Loads the CPU backends and silences llama.cpp's log (unless CACHEGEN_LLAMA_LOG=1)
+// once per process. Called by LlamaModel::Load; non-ok when no backend loads.
+Status LlamaInit();
+
+// RoPE parameters of a model, from its GGUF metadata.
+struct RopeParams {
+  enum class Kind { kNone, kNormal, kNeox, kOther } kind = Kind::kNone;
+  uint32_t dims = 0;          // rotated dims per head (rope.dimension_count)
+  double freq_base = 10000.0;
+  double freq_scale = 1.0;
+};
+
+struct LlamaModelInfo {
+  std::string architecture;
+  uint32_t layers = 0, heads = 0, kv_heads = 0, head_dim = 0, embd = 0;
+  uint32_t vocab = 0, ctx_train = 0;
+  int32_t bos = -1, eos = -1;
+  RopeParams rope;
+  uint64_t params = 0;
+};
+
+class LlamaModel {
+ public:
+  static Result<std::shared_ptr<LlamaModel>> Load(const std::string& path);
+  ~LlamaModel();
+  LlamaModel(const LlamaModel&) = delete;
+  LlamaModel& operator=(const LlamaModel&) = delete;
+
+  const LlamaModelInfo& info() const { return info_; }
+  llama_model* raw() const { return model_; }
+  // Tokens of `text` (no BOS added, no special-token parsing).
+  Result<std::vector<int32_t>> Tokenize(const std::string& text) const;
+  std::string Detokenize(std::span<const int32_t> tokens) const;
+
+ private:
+  LlamaModel() = default;
+  llama_model* model_ = nullptr;
+  LlamaModelInfo info_;
+};
+
+struct LlamaContextOptions {
+  uint32_t n_ctx = 512;
+  std::string cache_type = "f16";  // f32, f16, bf16, q8_0, q4_0 (K and V)
+  int flash_attn = -1;             // -1 auto, 0 off (V transposed), 1 on
+  uint32_t n_seq = 1;              // sequences
+  bool unified = true;             // false: one stream per sequence
+  uint32_t threads = 0;            // 0: 1 for models under 50M parameters, else min(4, hardware)
+};
+
+class LlamaContext : public EngineAdapter {
+ public:
+  static Result<std::unique_ptr<LlamaContext>> Create(std::shared_ptr<LlamaModel> model,
+                                                      const LlamaContextOptions& options);
+  ~LlamaContext() override;
+  LlamaContext(const LlamaContext&) = delete;
+  LlamaContext& operator=(const LlamaContext&) = delete;
+
+  const LlamaModel& model() const { return *model_; }
+  llama_context* raw() const { return ctx_; }
+
+  // Evaluates `tokens` of sequence `seq` at positions pos0, pos0+1, ...
+  // With all_logits, Logits(i) is the distribution after tokens[i]; otherwise
+  // only after the last token (i = tokens.size() - 1).
+  Status Eval(std::span<const int32_t> tokens, int32_t pos0, int32_t seq = 0, bool all_logits = false);
+  // Logits (vocab floats) after token i of the last Eval.
+  std::span<const float> Logits(size_t i) const;
+  // Removes every sequence's tokens.
+  void Clear();
+
+  // The raw sequence-state blob and its inverse.
+  Result<std::vector<uint8_t>> StateBlob(int32_t seq) const;
+  Status SetStateBlob(int32_t seq, std::span<const uint8_t> blob);
+
+  Result<CapturedKV> Capture(int32_t seq) override;
+  Status Inject(int32_t seq, const KVView& kv, std::span<const int32_t> positions = {}) override;
+
+ private:
+  LlamaContext() = default;
+  std::shared_ptr<LlamaModel> model_;
+  LlamaContextOptions options_;
+  llama_context* ctx_ = nullptr;
+  int32_t cache_ggml_type_ = 1;
+  bool v_trans_ = false;
+  uint32_t cell_ext_bytes_ = 0;
+  std::vector<float> logits_;  // outputs x vocab of the last Eval
+  size_t outputs_ = 0, first_output_ = 0;
+};
+
+}  // namespace cachegen

@@ -1,0 +1,290 @@
+// The llama.cpp adapter: model/context lifetime, evaluation, and KV capture and
+// injection through the sequence-state blob (engine/llama_state.h).
+#include "cachegen/llama_engine.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include <llama.h>
+
+#include "engine/llama_state.h"
+
+#ifndef CACHEGEN_LLAMA_BACKEND_DIR
+#define CACHEGEN_LLAMA_BACKEND_DIR ""
+#endif
+
+namespace cachegen {
+namespace {
+
+void QuietLog(ggml_log_level level, const char* text, void*) {
+  if (level == GGML_LOG_LEVEL_ERROR) std::fputs(text, stderr);
+}
+
+std::string Meta(const llama_model* m, const std::string& key) {
+  char buf[256];
+  const int32_t n = llama_model_meta_val_str(m, key.c_str(), buf, sizeof buf);
+  return n < 0 ? std::string() : std::string(buf, std::min<size_t>(static_cast<size_t>(n), sizeof buf - 1));
+}
+
+Result<ggml_type> CacheType(const std::string& name) {
+  if (name == "f16") return GGML_TYPE_F16;
+  if (name == "f32") return GGML_TYPE_F32;
+  if (name == "bf16") return GGML_TYPE_BF16;
+  if (name == "q8_0") return GGML_TYPE_Q8_0;
+  if (name == "q4_0") return GGML_TYPE_Q4_0;
+  return Status::InvalidArgument("unknown llama.cpp cache type '" + name + "' (f32, f16, bf16, q8_0, q4_0)");
+}
+
+}  // namespace
+
+Status LlamaInit() {
+  static std::once_flag once;
+  static bool ok = false;
+  std::call_once(once, [] {
+    const char* log = std::getenv("CACHEGEN_LLAMA_LOG");
+    if (!(log && std::strcmp(log, "1") == 0)) llama_log_set(QuietLog, nullptr);
+    const char* dir = std::getenv("CACHEGEN_LLAMA_BACKENDS");
+    if (!dir || !*dir) dir = CACHEGEN_LLAMA_BACKEND_DIR;
+    if (*dir) {
+      ggml_backend_load_all_from_path(dir);
+    } else {
+      ggml_backend_load_all();
+    }
+    llama_backend_init();
+    ok = ggml_backend_dev_count() > 0;
+  });
+  if (!ok) {
+    return Status::Internal(
+        "llama.cpp: no compute backend loaded (set CACHEGEN_LLAMA_BACKENDS to the folder with libggml-cpu-*.so)");
+  }
+  return Status::Ok();
+}
+
+Result<std::shared_ptr<LlamaModel>> LlamaModel::Load(const std::string& path) {
+  CG_RETURN_IF_ERROR(LlamaInit());
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return Status::NotFound("cannot open model '" + path + "'");
+  std::fclose(f);
+  llama_model_params mp = llama_model_default_params();
+  mp.n_gpu_layers = 0;
+  llama_model* m = llama_model_load_from_file(path.c_str(), mp);
+  if (!m) return Status::InvalidArgument("llama.cpp could not load model '" + path + "'");
+  std::shared_ptr<LlamaModel> out(new LlamaModel());
+  out->model_ = m;
+  if (llama_model_is_recurrent(m) || llama_model_is_hybrid(m)) {
+    return Status::Unsupported("model '" + path + "' is recurrent or hybrid: its state is not a plain KV cache");
+  }
+  LlamaModelInfo& in = out->info_;
+  in.architecture = Meta(m, "general.architecture");
+  in.layers = static_cast<uint32_t>(llama_model_n_layer(m));
+  in.heads = static_cast<uint32_t>(llama_model_n_head(m));
+  in.kv_heads = static_cast<uint32_t>(llama_model_n_head_kv(m));
+  in.embd = static_cast<uint32_t>(llama_model_n_embd(m));
+  const std::string key_len = Meta(m, in.architecture + ".attention.key_length");
+  in.head_dim = !key_len.empty() ? static_cast<uint32_t>(std::strtoul(key_len.c_str(), nullptr, 10))
+                                 : (in.heads ? in.embd / in.heads : 0);
+  const llama_vocab* vocab = llama_model_get_vocab(m);
+  in.vocab = static_cast<uint32_t>(llama_vocab_n_tokens(vocab));
+  in.ctx_train = static_cast<uint32_t>(llama_model_n_ctx_train(m));
+  in.bos = llama_vocab_bos(vocab);
+  in.eos = llama_vocab_eos(vocab);
+  in.params = llama_model_n_params(m);
+  switch (llama_model_rope_type(m)) {
+    case LLAMA_ROPE_TYPE_NONE: in.rope.kind = RopeParams::Kind::kNone; break;
+    case LLAMA_ROPE_TYPE_NORM: in.rope.kind = RopeParams::Kind::kNormal; break;
+    case LLAMA_ROPE_TYPE_NEOX: in.rope.kind = RopeParams::Kind::kNeox; break;
+    default: in.rope.kind = RopeParams::Kind::kOther; break;
+  }
+  const std::string dims = Meta(m, in.architecture + ".rope.dimension_count");
+  in.rope.dims = !dims.empty() ? static_cast<uint32_t>(std::strtoul(dims.c_str(), nullptr, 10)) : in.head_dim;
+  const std::string base = Meta(m, in.architecture + ".rope.freq_base");
+  if (!base.empty()) in.rope.freq_base = std::strtod(base.c_str(), nullptr);
+  in.rope.freq_scale = llama_model_rope_freq_scale_train(m);
+  if (in.layers == 0 || in.kv_heads == 0 || in.head_dim == 0) {
+    return Status::Unsupported("model '" + path + "' has no attention KV cache shape");
+  }
+  return out;
+}
+
+LlamaModel::~LlamaModel() {
+  if (model_) llama_model_free(model_);
+}
+
+Result<std::vector<int32_t>> LlamaModel::Tokenize(const std::string& text) const {
+  const llama_vocab* vocab = llama_model_get_vocab(model_);
+  if (text.size() > static_cast<size_t>(INT32_MAX / 2)) return Status::InvalidArgument("text too long to tokenize");
+  std::vector<int32_t> out(text.size() + 8);
+  int32_t n = llama_tokenize(vocab, text.data(), static_cast<int32_t>(text.size()), out.data(),
+                             static_cast<int32_t>(out.size()), false, false);
+  if (n < 0 && n != INT32_MIN) {
+    out.resize(static_cast<size_t>(-n));
+    n = llama_tokenize(vocab, text.data(), static_cast<int32_t>(text.size()), out.data(),
+                       static_cast<int32_t>(out.size()), false, false);
+  }
+  if (n < 0) return Status::Internal("llama.cpp tokenization failed");
+  out.resize(static_cast<size_t>(n));
+  return out;
+}
+
+std::string LlamaModel::Detokenize(std::span<const int32_t> tokens) const {
+  const llama_vocab* vocab = llama_model_get_vocab(model_);
+  std::string out;
+  char buf[256];
+  for (int32_t t : tokens) {
+    const int32_t n = llama_token_to_piece(vocab, t, buf, sizeof buf, 0, false);
+    if (n > 0) out.append(buf, static_cast<size_t>(n));
+  }
+  return out;
+}
+
+Result<std::unique_ptr<LlamaContext>> LlamaContext::Create(std::shared_ptr<LlamaModel> model,
+                                                           const LlamaContextOptions& options) {
+  if (!model) return Status::InvalidArgument("no model");
+  CG_ASSIGN_OR_RETURN(ggml_type type, CacheType(options.cache_type));
+  if (options.n_seq == 0 || options.n_ctx == 0) return Status::InvalidArgument("n_ctx and n_seq must be > 0");
+  llama_context_params cp = llama_context_default_params();
+  cp.n_ctx = options.n_ctx;
+  cp.n_batch = options.n_ctx;
+  cp.n_ubatch = std::min<uint32_t>(options.n_ctx, 512);
+  cp.n_seq_max = options.n_seq;
+  // Small models run fastest single-threaded (thread wake-ups cost more than their layers).
+  const uint32_t hw = std::max(1u, std::thread::hardware_concurrency());
+  const uint32_t auto_threads = model->info().params < 50'000'000 ? 1u : std::min(4u, hw);
+  const int32_t threads = static_cast<int32_t>(options.threads ? options.threads : auto_threads);
+  cp.n_threads = cp.n_threads_batch = threads;
+  cp.type_k = cp.type_v = type;
+  cp.flash_attn_type = options.flash_attn < 0   ? LLAMA_FLASH_ATTN_TYPE_AUTO
+                       : options.flash_attn == 0 ? LLAMA_FLASH_ATTN_TYPE_DISABLED
+                                                 : LLAMA_FLASH_ATTN_TYPE_ENABLED;
+  cp.kv_unified = options.unified;
+  cp.no_perf = true;
+  cp.offload_kqv = false;
+  llama_context* ctx = llama_init_from_model(model->raw(), cp);
+  if (!ctx) {
+    return Status::InvalidArgument("llama.cpp could not create a context (cache " + options.cache_type +
+                                   ", flash attention " + std::to_string(options.flash_attn) + ")");
+  }
+  std::unique_ptr<LlamaContext> out(new LlamaContext());
+  out->model_ = std::move(model);
+  out->options_ = options;
+  out->ctx_ = ctx;
+  out->cache_ggml_type_ = static_cast<int32_t>(type);
+  if (type == GGML_TYPE_F16 || type == GGML_TYPE_F32 || type == GGML_TYPE_BF16) {
+    // Probe the state layout llama.cpp writes here (V transposed or not, per-cell
+    // extension bytes): evaluate one token, parse its blob, clear.
+    const int32_t tok = std::max(0, out->model_->info().bos);
+    CG_RETURN_IF_ERROR(out->Eval(std::span<const int32_t>(&tok, 1), 0, 0, false));
+    CG_ASSIGN_OR_RETURN(auto blob, out->StateBlob(0));
+    CG_ASSIGN_OR_RETURN(auto st, engine::ParseLlamaSeqState(blob));
+    if (st.sections.size() != 1 || st.sections[0].streams.size() != 1) {
+      out->Clear();
+      return out;  // sliding-window or other layouts: Capture reports kUnsupported
+    }
+    out->v_trans_ = st.sections[0].streams[0].v_trans;
+    out->cell_ext_bytes_ = st.cell_ext_bytes;
+    out->Clear();
+  }
+  return out;
+}
+
+LlamaContext::~LlamaContext() {
+  if (ctx_) llama_free(ctx_);
+}
+
+void LlamaContext::Clear() { llama_memory_clear(llama_get_memory(ctx_), true); }
+
+Status LlamaContext::Eval(std::span<const int32_t> tokens, int32_t pos0, int32_t seq, bool all_logits) {
+  if (tokens.empty()) return Status::InvalidArgument("no tokens to evaluate");
+  if (tokens.size() > options_.n_ctx) return Status::InvalidArgument("more tokens than the context holds");
+  const uint32_t vocab = model_->info().vocab;
+  for (int32_t t : tokens) {
+    if (t < 0 || static_cast<uint32_t>(t) >= vocab) return Status::InvalidArgument("token id out of range");
+  }
+  llama_batch batch = llama_batch_init(static_cast<int32_t>(tokens.size()), 0, 1);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    batch.token[i] = tokens[i];
+    batch.pos[i] = pos0 + static_cast<int32_t>(i);
+    batch.n_seq_id[i] = 1;
+    batch.seq_id[i][0] = seq;
+    batch.logits[i] = all_logits || i + 1 == tokens.size();
+  }
+  batch.n_tokens = static_cast<int32_t>(tokens.size());
+  const int32_t rc = llama_decode(ctx_, batch);
+  llama_batch_free(batch);
+  if (rc != 0) return Status::Internal("llama_decode failed (" + std::to_string(rc) + ")");
+  outputs_ = all_logits ? tokens.size() : 1;
+  first_output_ = all_logits ? 0 : tokens.size() - 1;
+  logits_.resize(outputs_ * vocab);
+  for (size_t i = 0; i < outputs_; ++i) {
+    const float* l = llama_get_logits_ith(ctx_, static_cast<int32_t>(all_logits ? i : tokens.size() - 1));
+    if (!l) return Status::Internal("llama.cpp returned no logits");
+    std::memcpy(logits_.data() + i * vocab, l, vocab * sizeof(float));
+  }
+  return Status::Ok();
+}
+
+std::span<const float> LlamaContext::Logits(size_t i) const {
+  const uint32_t vocab = model_->info().vocab;
+  if (i < first_output_ || i - first_output_ >= outputs_) return {};
+  return std::span<const float>(logits_).subspan((i - first_output_) * vocab, vocab);
+}
+
+Result<std::vector<uint8_t>> LlamaContext::StateBlob(int32_t seq) const {
+  const size_t size = llama_state_seq_get_size(ctx_, seq);
+  if (size == 0) return Status::Internal("llama.cpp reports no state for sequence " + std::to_string(seq));
+  std::vector<uint8_t> blob(size);
+  const size_t n = llama_state_seq_get_data(ctx_, blob.data(), blob.size(), seq);
+  if (n != size) return Status::Internal("llama.cpp wrote " + std::to_string(n) + " of " + std::to_string(size) +
+                                         " state bytes");
+  return blob;
+}
+
+Status LlamaContext::SetStateBlob(int32_t seq, std::span<const uint8_t> blob) {
+  if (llama_state_seq_set_data(ctx_, blob.data(), blob.size(), seq) == 0) {
+    return Status::InvalidArgument("llama.cpp refused the sequence state (layout, types or size do not match)");
+  }
+  return Status::Ok();
+}
+
+Result<CapturedKV> LlamaContext::Capture(int32_t seq) {
+  CG_ASSIGN_OR_RETURN(auto blob, StateBlob(seq));
+  CG_ASSIGN_OR_RETURN(auto st, engine::ParseLlamaSeqState(blob, cell_ext_bytes_));
+  size_t streams = 0;
+  for (const auto& sec : st.sections) streams += sec.streams.size();
+  if (streams == 0) return Status::NotFound("sequence " + std::to_string(seq) + " holds no tokens");
+  CG_ASSIGN_OR_RETURN(KVTensor kv, engine::ExtractLlamaKV(blob, st, model_->info().kv_heads));
+  if (kv.shape().head_dim != model_->info().head_dim) {
+    return Status::Unsupported("captured head dim " + std::to_string(kv.shape().head_dim) + " differs from the model's " +
+                               std::to_string(model_->info().head_dim));
+  }
+  return CapturedKV{std::move(kv), st.sections[0].streams[0].pos};
+}
+
+Status LlamaContext::Inject(int32_t seq, const KVView& kv, std::span<const int32_t> positions) {
+  const LlamaModelInfo& in = model_->info();
+  const KVShape& s = kv.shape();
+  if (s.layers != in.layers || s.kv_heads != in.kv_heads || s.head_dim != in.head_dim) {
+    return Status::InvalidArgument("KV shape " + s.ToString() + " does not match the model (L=" +
+                                   std::to_string(in.layers) + " H=" + std::to_string(in.kv_heads) +
+                                   " D=" + std::to_string(in.head_dim) + ")");
+  }
+  if (seq < 0 || static_cast<uint32_t>(seq) >= options_.n_seq) {
+    return Status::InvalidArgument("sequence " + std::to_string(seq) + " out of range");
+  }
+  if (s.tokens > options_.n_ctx) return Status::InvalidArgument("more tokens than the context holds");
+  engine::LlamaSeqLayout layout;
+  layout.seq_id = seq;
+  layout.n_stream = options_.unified ? 1 : options_.n_seq;
+  layout.stream = options_.unified ? 0 : static_cast<uint32_t>(seq);
+  layout.cell_ext_bytes = cell_ext_bytes_;
+  layout.v_trans = v_trans_;
+  layout.k_type = layout.v_type = cache_ggml_type_;
+  layout.pos.assign(positions.begin(), positions.end());
+  CG_ASSIGN_OR_RETURN(auto blob, engine::WriteLlamaSeqState(layout, kv));
+  return SetStateBlob(seq, blob);
+}
+
+}  // namespace cachegen

@@ -1,0 +1,193 @@
+// llama.cpp adapter on stories260K: capture and inject of a sequence's KV.
+// Skips when ../shared/models/stories260K.gguf is absent.
+#include "cachegen/llama_engine.h"
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include "cachegen/codec.h"
+
+namespace cachegen {
+namespace {
+
+// Tests run from the build folder; the repository root is its parent.
+std::string SharedPath(const std::string& rel) {
+  for (const std::string p : {"../../shared/" + rel, "../shared/" + rel}) {
+    if (std::filesystem::exists(p)) return p;
+  }
+  return "";
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+class LlamaEngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string path = SharedPath("models/stories260K.gguf");
+    const std::string text = SharedPath("data/tinystories/sample.txt");
+    if (path.empty() || text.empty()) GTEST_SKIP() << "../shared (stories260K.gguf, sample.txt) not found";
+    auto m = LlamaModel::Load(path);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    model_ = *m;
+    auto toks = model_->Tokenize(ReadFile(text));
+    ASSERT_TRUE(toks.ok());
+    ASSERT_GT(toks->size(), 200u);
+    tokens_ = {model_->info().bos};
+    tokens_.insert(tokens_.end(), toks->begin(), toks->begin() + 200);
+  }
+
+  std::unique_ptr<LlamaContext> Context(const LlamaContextOptions& o) {
+    auto c = LlamaContext::Create(model_, o);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return c.ok() ? std::move(c).value() : nullptr;
+  }
+
+  // Prefills all but the last token.
+  void Prefill(LlamaContext& c, int32_t seq = 0) {
+    const std::span<const int32_t> all(tokens_);
+    EXPECT_TRUE(c.Eval(all.first(all.size() - 1), 0, seq).ok());
+  }
+  // Evaluates the last token; returns the logits after it.
+  std::vector<float> NextLogits(LlamaContext& c, int32_t seq = 0) {
+    const int32_t last = tokens_.back();
+    auto st = c.Eval(std::span<const int32_t>(&last, 1), static_cast<int32_t>(tokens_.size() - 1), seq);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    auto l = c.Logits(0);
+    return {l.begin(), l.end()};
+  }
+
+  std::shared_ptr<LlamaModel> model_;
+  std::vector<int32_t> tokens_;
+};
+
+TEST_F(LlamaEngineTest, ModelInfo) {
+  const auto& in = model_->info();
+  EXPECT_EQ(in.architecture, "llama");
+  EXPECT_EQ(in.layers, 5u);
+  EXPECT_EQ(in.kv_heads, 4u);
+  EXPECT_EQ(in.head_dim, 8u);
+  EXPECT_EQ(in.vocab, 512u);
+  EXPECT_EQ(in.rope.kind, RopeParams::Kind::kNormal);
+  EXPECT_EQ(in.rope.dims, 8u);
+  EXPECT_EQ(in.rope.freq_base, 10000.0);
+}
+
+// Capture, inject unchanged into a fresh context: next-token logits bit-identical,
+// for every cache type, both V layouts and one or two streams.
+TEST_F(LlamaEngineTest, RoundTripIsBitExact) {
+  for (const char* type : {"f16", "f32", "bf16"})
+    for (int fa : {0, 1})
+      for (bool unified : {true, false}) {
+        SCOPED_TRACE(testing::Message() << type << " flash_attn " << fa << " unified " << unified);
+        LlamaContextOptions o;
+        o.threads = 1;
+        o.n_ctx = 256;
+        o.cache_type = type;
+        o.flash_attn = fa;
+        o.n_seq = 2;
+        o.unified = unified;
+        const int32_t seq = 1;
+        auto src = Context(o);
+        ASSERT_TRUE(src);
+        Prefill(*src, seq);
+        auto cap = src->Capture(seq);
+        ASSERT_TRUE(cap.ok()) << cap.status().ToString();
+        EXPECT_EQ(cap->kv.shape(), (KVShape{5, 4, 8, static_cast<uint32_t>(tokens_.size() - 1)}));
+        EXPECT_EQ(cap->positions.back(), static_cast<int32_t>(tokens_.size() - 2));
+        const auto want = NextLogits(*src, seq);
+
+        auto dst = Context(o);
+        ASSERT_TRUE(dst);
+        auto st = dst->Inject(seq, cap->kv.view(), cap->positions);
+        ASSERT_TRUE(st.ok()) << st.ToString();
+        // What cachegen wrote reads back unchanged.
+        auto again = dst->Capture(seq);
+        ASSERT_TRUE(again.ok());
+        ASSERT_EQ(again->kv.size_bytes(), cap->kv.size_bytes());
+        EXPECT_EQ(std::memcmp(again->kv.data(), cap->kv.data(), cap->kv.size_bytes()), 0);
+        EXPECT_EQ(again->positions, cap->positions);
+        const auto got = NextLogits(*dst, seq);
+        ASSERT_EQ(got.size(), want.size());
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+      }
+}
+
+// Capture -> cachegen encode/decode -> inject: the logits move, but only a little.
+TEST_F(LlamaEngineTest, CodecRoundTripChangesLogitsSlightly) {
+  LlamaContextOptions o;
+  o.threads = 1;
+  o.n_ctx = 256;
+  auto src = Context(o);
+  ASSERT_TRUE(src);
+  Prefill(*src);
+  auto cap = src->Capture(0);
+  ASSERT_TRUE(cap.ok());
+  const auto want = NextLogits(*src);
+
+  // fp16 of an f16 cache is exact: the logits do not move at all.
+  {
+    CodecConfig fp16;
+    fp16.codec = "fp16";
+    auto bytes = Encoder::Create(fp16)->Encode(cap->kv.view());
+    ASSERT_TRUE(bytes.ok());
+    auto kv = Decoder::Open(*bytes)->Decode(DType::kF16);
+    ASSERT_TRUE(kv.ok());
+    auto dst = Context(o);
+    ASSERT_TRUE(dst->Inject(0, kv->view(), cap->positions).ok());
+    const auto got = NextLogits(*dst);
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+  }
+  CodecConfig cfg;
+  cfg.bits_per_value = 4;
+  auto enc = Encoder::Create(cfg);
+  ASSERT_TRUE(enc.ok());
+  auto bytes = enc->Encode(cap->kv.view());
+  ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+  auto dec = Decoder::Open(*bytes);
+  ASSERT_TRUE(dec.ok());
+  auto kv = dec->Decode(DType::kF16);
+  ASSERT_TRUE(kv.ok());
+
+  auto dst = Context(o);
+  ASSERT_TRUE(dst);
+  ASSERT_TRUE(dst->Inject(0, kv->view(), cap->positions).ok());
+  const auto got = NextLogits(*dst);
+  double max_diff = 0, range = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    max_diff = std::max(max_diff, double{std::fabs(got[i] - want[i])});
+    range = std::max(range, double{std::fabs(want[i])});
+  }
+  EXPECT_GT(max_diff, 0.0);            // lossy: something changed
+  EXPECT_LT(max_diff, 0.05 * range);   // but little
+  const auto top = [](const std::vector<float>& l) { return std::max_element(l.begin(), l.end()) - l.begin(); };
+  EXPECT_EQ(top(got), top(want));
+}
+
+TEST_F(LlamaEngineTest, RejectsWrongShapesAndTypes) {
+  LlamaContextOptions o;
+  o.threads = 1;
+  o.n_ctx = 64;
+  auto c = Context(o);
+  ASSERT_TRUE(c);
+  KVTensor wrong(KVShape{4, 4, 8, 3}, DType::kF16);
+  EXPECT_EQ(c->Inject(0, wrong.view()).code(), StatusCode::kInvalidArgument);
+  KVTensor right(KVShape{5, 4, 8, 3}, DType::kF16);
+  EXPECT_EQ(c->Inject(1, right.view()).code(), StatusCode::kInvalidArgument);  // only sequence 0 exists
+  EXPECT_EQ(c->Capture(0).status().code(), StatusCode::kNotFound);
+  // q8_0 blocks of 32 do not fit stories260K's head dim 8: llama.cpp refuses the context.
+  o.cache_type = "q8_0";
+  o.flash_attn = 1;
+  EXPECT_FALSE(LlamaContext::Create(model_, o).ok());
+  o.cache_type = "q3";
+  EXPECT_EQ(LlamaContext::Create(model_, o).status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace cachegen

@@ -1,0 +1,99 @@
+// make-model's random GGUF loads in llama.cpp with the shape asked for, and the
+// adapter handles it (head dim 64: quantized caches run, capture refuses them).
+// Needs no ../shared.
+#include "engine/llama/random_model.h"
+
+#include <cstring>
+#include <filesystem>
+
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include "cachegen/llama_engine.h"
+
+namespace cachegen {
+namespace {
+
+class RandomModelTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    path_ = ::testing::TempDir() + "/cachegen_random_" + std::to_string(::getpid()) + ".gguf";
+    auto shape = engine::RandomModelPreset("tiny");
+    ASSERT_TRUE(shape.ok());
+    auto bytes = engine::WriteRandomModel(*shape, path_);
+    ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+    EXPECT_EQ(*bytes, std::filesystem::file_size(path_));
+    auto m = LlamaModel::Load(path_);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    model_ = new std::shared_ptr<LlamaModel>(*m);
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    model_ = nullptr;
+    std::filesystem::remove(path_);
+  }
+  static inline std::string path_;
+  static inline std::shared_ptr<LlamaModel>* model_ = nullptr;
+};
+
+TEST_F(RandomModelTest, HasTheRequestedShape) {
+  ASSERT_TRUE(model_);
+  const auto& in = (*model_)->info();
+  EXPECT_EQ(in.layers, 2u);
+  EXPECT_EQ(in.kv_heads, 2u);
+  EXPECT_EQ(in.head_dim, 64u);
+  EXPECT_EQ(in.rope.kind, RopeParams::Kind::kNormal);
+  EXPECT_EQ(in.rope.dims, 64u);
+  auto toks = (*model_)->Tokenize("Once upon a time");
+  ASSERT_TRUE(toks.ok());
+  EXPECT_GT(toks->size(), 3u);
+  EXPECT_EQ((*model_)->Detokenize(*toks), " Once upon a time");
+}
+
+TEST_F(RandomModelTest, CaptureInjectIsBitExactAndQuantizedIsRefused) {
+  ASSERT_TRUE(model_);
+  std::vector<int32_t> toks = {1};
+  for (int i = 0; i < 40; ++i) toks.push_back(260 + (i * 7) % 100);
+  for (const char* type : {"f16", "q8_0"}) {
+    SCOPED_TRACE(type);
+    LlamaContextOptions o;
+    o.n_ctx = 64;
+    o.threads = 1;
+    o.cache_type = type;
+    o.flash_attn = 1;
+    auto src = LlamaContext::Create(*model_, o);
+    ASSERT_TRUE(src.ok()) << src.status().ToString();
+    ASSERT_TRUE((*src)->Eval(std::span<const int32_t>(toks).first(toks.size() - 1), 0).ok());
+    auto cap = (*src)->Capture(0);
+    if (std::string(type) == "q8_0") {
+      ASSERT_FALSE(cap.ok());
+      EXPECT_EQ(cap.status().code(), StatusCode::kUnsupported);
+      EXPECT_NE(cap.status().message().find("q8_0"), std::string::npos) << cap.status().message();
+      continue;
+    }
+    ASSERT_TRUE(cap.ok()) << cap.status().ToString();
+    EXPECT_EQ(cap->kv.shape(), (KVShape{2, 2, 64, 40}));
+    const int32_t last = toks.back();
+    ASSERT_TRUE((*src)->Eval(std::span<const int32_t>(&last, 1), 40).ok());
+    auto want = (*src)->Logits(0);
+    auto dst = LlamaContext::Create(*model_, o);
+    ASSERT_TRUE(dst.ok());
+    ASSERT_TRUE((*dst)->Inject(0, cap->kv.view(), cap->positions).ok());
+    ASSERT_TRUE((*dst)->Eval(std::span<const int32_t>(&last, 1), 40).ok());
+    auto got = (*dst)->Logits(0);
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size_bytes()), 0);
+  }
+}
+
+TEST(RandomModelPresetTest, RejectsBadShapes) {
+  EXPECT_FALSE(engine::RandomModelPreset("gpt-5").ok());
+  auto s = engine::RandomModelPreset("tiny");
+  ASSERT_TRUE(s.ok());
+  s->heads = 3;
+  EXPECT_EQ(engine::WriteRandomModel(*s, "/nonexistent/x.gguf").status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace cachegen
