@@ -110,6 +110,23 @@ expect_rc 2 build/cachegen encode
 expect_rc 2 build/cachegen encode synthetic:1,1,8,8 -o "$tmp/x.cgkv" --bits 2 --snr-db 10
 echo "cli smoke ok"
 
+if build/cachegen eval --help >/dev/null 2>&1; then
+  echo "== eval smoke (llama.cpp)"
+  build/cachegen eval --windows 1 --context 64 --continuation 16 --greedy 4 --bits 2 --quiet --json \
+    --plot "$tmp/eval.png" >"$tmp/eval.json"
+  python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+keys = {"codec", "setting", "bits_per_value", "ratio_vs_fp16", "ppl", "delta_ppl_pct", "kl", "top1_agreement", "greedy_match"}
+assert d["model"] and d["rows"], "no rows"
+for r in d["rows"]:
+    assert keys <= set(r), r
+fp16 = [r for r in d["rows"] if r["codec"] == "fp16"][0]
+assert fp16["delta_ppl_pct"] == 0 and fp16["kl"] == 0, fp16
+print("eval json ok:", len(d["rows"]), "rows")' "$tmp/eval.json"
+  test -s "$tmp/eval.png"
+fi
+
 if [ "$failed_total" -eq 0 ]; then
   echo "tests: ${passed_total} passed, 0 failed"
 else

@@ -92,6 +92,8 @@ class LlamaContext : public EngineAdapter {
   std::span<const float> Logits(size_t i) const;
   // Removes every sequence's tokens.
   void Clear();
+  // Removes sequence `seq`'s tokens at positions >= pos.
+  Status Truncate(int32_t seq, int32_t pos);
 
   // The raw sequence-state blob and its inverse.
   Result<std::vector<uint8_t>> StateBlob(int32_t seq) const;

@@ -16,7 +16,7 @@ namespace {
 
 // Tests run from the build folder; the repository root is its parent.
 std::string SharedPath(const std::string& rel) {
-  for (const std::string p : {"../../shared/" + rel, "../shared/" + rel}) {
+  for (const std::string& p : {std::string("../../shared/") + rel, "../shared/" + rel}) {
     if (std::filesystem::exists(p)) return p;
   }
   return "";

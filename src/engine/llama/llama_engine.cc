@@ -196,6 +196,13 @@ LlamaContext::~LlamaContext() {
 
 void LlamaContext::Clear() { llama_memory_clear(llama_get_memory(ctx_), true); }
 
+Status LlamaContext::Truncate(int32_t seq, int32_t pos) {
+  if (!llama_memory_seq_rm(llama_get_memory(ctx_), seq, pos, -1)) {
+    return Status::Internal("llama.cpp could not remove positions >= " + std::to_string(pos));
+  }
+  return Status::Ok();
+}
+
 Status LlamaContext::Eval(std::span<const int32_t> tokens, int32_t pos0, int32_t seq, bool all_logits) {
   if (tokens.empty()) return Status::InvalidArgument("no tokens to evaluate");
   if (tokens.size() > options_.n_ctx) return Status::InvalidArgument("more tokens than the context holds");

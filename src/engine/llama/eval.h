@@ -1,0 +1,70 @@
+// The evaluation harness behind `cachegen eval`: how much a codec's KV
+// compression costs a real model, judged by the model itself.
+//
+// For each window of text (N context tokens + M scored tokens + 1): prefill the
+// N context tokens exactly, capture their KV, and for every codec and rate
+// encode it, decode it, inject it into a second context, and score the next M
+// tokens by teacher forcing (inputs tokens N..N+M-1, targets N+1..N+M), then
+// generate `greedy` tokens greedily from token N. The exact KV goes through the
+// same inject path and is the reference for ΔPPL, KL, top-1 and greedy match.
+// llama.cpp's own quantized cache types ("llama-q8_0", "llama-q4_0") run as
+// contexts of that type that prefill and score on their own (their context KV
+// is quantized while it is computed, as in the engine).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cachegen/codec.h"
+#include "cachegen/llama_engine.h"
+#include "cachegen/status.h"
+
+namespace cachegen::engine {
+
+struct EvalOptions {
+  std::string model_path;
+  std::string text;  // the text itself; stories separated by lines "<|endoftext|>"
+  // Codec names (CodecNames()), plus "cachegen+rope" (cachegen on keys with
+  // RoPE undone, see engine/rope.h) and "llama-q8_0", "llama-q4_0".
+  std::vector<std::string> codecs;
+  std::vector<double> bits;  // rates of the rate-controlled codecs (cachegen, cachegen+rope)
+  uint32_t context = 384, continuation = 128, windows = 16, greedy = 32;
+  std::string cache_type = "f16";  // of the exact context: f16, bf16, f32
+  int flash_attn = -1;
+  uint32_t threads = 0;
+  CodecConfig codec;  // tuning for every codec (codec, bits_per_value and threads are set per row)
+  std::function<void(const std::string&)> progress;  // one line per step, may be empty
+};
+
+struct EvalRow {
+  std::string codec, setting;
+  double bits_per_value = 0, ratio_vs_fp16 = 0;
+  double ppl = 0, delta_ppl_pct = 0, kl = 0, top1_agreement = 0, greedy_match = 0;
+  double encode_s = 0, decode_s = 0;  // totals over windows
+};
+
+struct EvalSkip {
+  std::string codec, reason;
+};
+
+struct EvalReport {
+  std::string model;
+  LlamaModelInfo info;
+  uint32_t windows = 0, context = 0, continuation = 0, greedy = 0;
+  double ppl_exact = 0;
+  std::vector<EvalRow> rows;
+  std::vector<EvalSkip> skipped;
+  // First window: the text generated greedily with the exact KV.
+  std::string sample_exact;
+};
+
+// Token windows of length context + continuation + 1, each starting at a story
+// start (BOS + story tokens, stories joined), not overlapping. At most `max`.
+std::vector<std::vector<int32_t>> MakeWindows(const LlamaModel& model, const std::string& text, uint32_t length,
+                                              uint32_t max);
+
+Result<EvalReport> RunEval(const EvalOptions& options);
+
+}  // namespace cachegen::engine

@@ -1,0 +1,232 @@
+// `cachegen eval`: rate–quality of every codec on a real model's own KV cache
+// (engine/llama/eval.h), as a table, JSON, and a gnuplot PNG.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cachegen/cli.h"
+#include "cachegen/command.h"
+#include "engine/llama/eval.h"
+#include "engine/llama/random_model.h"
+
+namespace cachegen::cli {
+namespace {
+
+constexpr const char* kDefaultModel = "../shared/models/stories260K.gguf";
+constexpr const char* kDefaultText = "../shared/data/tinystories/dev.txt";
+constexpr const char* kDefaultCodecs = "cachegen,cachegen-ref,fp16,q8,q4,kivi2,kivi4,llama-q8_0,llama-q4_0";
+
+// Used when no --text is given and ../shared is absent (random-weight models:
+// only speed and shape handling are measured, any text will do).
+constexpr const char* kFallbackText =
+    "Once upon a time there was a small robot who lived in a quiet town by the sea. Every morning it walked to the "
+    "harbour, counted the boats and wrote their names in a notebook. One day a boat came in that had no name at "
+    "all. The robot thought for a long time, then painted a name on its side, and the fishermen laughed and "
+    "cheered. From then on the robot named every new boat, and the town grew fond of its careful handwriting. ";
+
+struct EvalArgs {
+  std::string model, text, codecs = kDefaultCodecs, bits = "1,1.5,2,3,4";
+  uint32_t context = 384, continuation = 128, windows = 16, greedy = 32, threads = 0;
+  std::string cache_type = "f16";
+  int flash_attn = -1;
+  bool json = false, quiet = false;
+  std::string plot;
+  CodecConfig tuning;
+};
+
+Result<std::string> ReadText(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::NotFound("cannot read text '" + path + "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+Status Plot(const engine::EvalReport& rep, const std::string& png) {
+  const std::string dir = std::filesystem::temp_directory_path() / ("cachegen_plot_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::map<std::string, std::vector<const engine::EvalRow*>> by_codec;
+  for (const auto& r : rep.rows) by_codec[r.codec].push_back(&r);
+  std::string script = fmt::format(
+      "set terminal pngcairo size 1000,650\nset output '{}'\nset title \"{} ({} windows, context {} + {})\"\n"
+      "set xlabel 'bits per value (all side information)'\nset ylabel 'ΔPPL %% vs exact KV'\n"
+      "set logscale y\nset grid\nset key outside right\nplot ",
+      png, std::filesystem::path(rep.model).filename().string(), rep.windows, rep.context, rep.continuation);
+  bool first = true;
+  for (const auto& [codec, rows] : by_codec) {
+    const std::string data = dir + "/" + codec + ".dat";
+    std::ofstream f(data);
+    for (const auto* r : rows) f << r->bits_per_value << " " << std::max(r->delta_ppl_pct, 1e-3) << "\n";
+    script += fmt::format("{}'{}' using 1:2 with linespoints title '{}'", first ? "" : ", ", data, codec);
+    first = false;
+  }
+  script += "\n";
+  const std::string gp = dir + "/plot.gp";
+  std::ofstream(gp) << script;
+  const int rc = std::system(("gnuplot '" + gp + "' 2>" + dir + "/gnuplot.err").c_str());
+  std::string err;
+  if (rc != 0) {
+    auto e = ReadText(dir + "/gnuplot.err");
+    err = e.ok() ? *e : "";
+  }
+  std::filesystem::remove_all(dir);
+  if (rc != 0) return Status::IOError("gnuplot failed (is gnuplot installed?): " + err);
+  return Status::Ok();
+}
+
+nlohmann::json Num(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
+
+int RunEval(EvalArgs a) {
+  engine::EvalOptions o;
+  std::string note;
+  std::string random_model;
+  if (a.model.empty()) {
+    if (std::filesystem::exists(kDefaultModel)) {
+      a.model = kDefaultModel;
+    } else {
+      // No trained model here: a random-weight one of production head shape.
+      random_model = std::filesystem::temp_directory_path() / ("cachegen_eval_random_" + std::to_string(::getpid()) +
+                                                               ".gguf");
+      auto shape = engine::RandomModelPreset("tiny");
+      auto w = engine::WriteRandomModel(*shape, random_model);
+      if (!w.ok()) return Fail(w.status());
+      a.model = random_model;
+      note = "no --model and no " + std::string(kDefaultModel) +
+             ": using a random-weight model (make-model --shape tiny); its quality numbers mean nothing";
+      std::fprintf(stderr, "cachegen eval: %s\n", note.c_str());
+    }
+  }
+  if (a.text.empty()) {
+    if (std::filesystem::exists(kDefaultText)) {
+      a.text = kDefaultText;
+    } else {
+      std::string t;
+      while (t.size() < 40000) t += kFallbackText;
+      o.text = t;
+      std::fprintf(stderr, "cachegen eval: no --text and no %s: using a built-in text\n", kDefaultText);
+    }
+  }
+  if (!a.text.empty()) {
+    auto t = ReadText(a.text);
+    if (!t.ok()) return Fail(t.status());
+    o.text = std::move(t).value();
+  }
+  o.model_path = a.model;
+  o.codecs = SplitList(a.codecs);
+  for (const auto& b : SplitList(a.bits)) {
+    char* end = nullptr;
+    const double v = std::strtod(b.c_str(), &end);
+    if (end == b.c_str() || *end || !(v > 0) || v > 32) return Fail(Status::InvalidArgument("bad --bits value '" + b + "'"));
+    o.bits.push_back(v);
+  }
+  o.context = a.context;
+  o.continuation = a.continuation;
+  o.windows = a.windows;
+  o.greedy = a.greedy;
+  o.cache_type = a.cache_type;
+  o.flash_attn = a.flash_attn;
+  o.threads = a.threads;
+  o.codec = a.tuning;
+  if (!a.quiet) o.progress = [](const std::string& m) { std::fprintf(stderr, "cachegen eval: %s\n", m.c_str()); };
+  auto rep = engine::RunEval(o);
+  if (!random_model.empty()) std::filesystem::remove(random_model);
+  if (!rep.ok()) return Fail(rep.status());
+
+  if (!a.plot.empty()) {
+    Status st = Plot(*rep, a.plot);
+    if (!st.ok()) return Fail(st);
+  }
+  if (a.json) {
+    nlohmann::json j;
+    j["model"] = rep->model;
+    if (!note.empty()) j["note"] = note;
+    j["text"] = a.text.empty() ? "built-in" : a.text;
+    j["windows"] = rep->windows;
+    j["context"] = rep->context;
+    j["continuation"] = rep->continuation;
+    j["greedy"] = rep->greedy;
+    j["cache_type"] = a.cache_type;
+    j["ppl_exact"] = Num(rep->ppl_exact);
+    j["rows"] = nlohmann::json::array();
+    for (const auto& r : rep->rows) {
+      j["rows"].push_back({{"codec", r.codec},
+                           {"setting", r.setting},
+                           {"bits_per_value", Num(r.bits_per_value)},
+                           {"ratio_vs_fp16", Num(r.ratio_vs_fp16)},
+                           {"ppl", Num(r.ppl)},
+                           {"delta_ppl_pct", Num(r.delta_ppl_pct)},
+                           {"kl", Num(r.kl)},
+                           {"top1_agreement", Num(r.top1_agreement)},
+                           {"greedy_match", Num(r.greedy_match)},
+                           {"encode_s", Num(r.encode_s)},
+                           {"decode_s", Num(r.decode_s)}});
+    }
+    j["skipped"] = nlohmann::json::array();
+    for (const auto& s : rep->skipped) j["skipped"].push_back({{"codec", s.codec}, {"reason", s.reason}});
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  const auto& in = rep->info;
+  std::printf("model %s: %u layers, %u KV heads x %u dims; %u windows of %u context + %u scored tokens; "
+              "exact-KV perplexity %.4f\n",
+              rep->model.c_str(), in.layers, in.kv_heads, in.head_dim, rep->windows, rep->context,
+              rep->continuation, rep->ppl_exact);
+  std::printf("%-14s %-18s %8s %7s %9s %8s %10s %6s %7s\n", "codec", "setting", "bits/val", "ratio", "ppl",
+              "dPPL %", "mean KL", "top-1", "greedy");
+  for (const auto& r : rep->rows) {
+    std::printf("%-14s %-18s %8.3f %6.2fx %9.4f %8.3f %10.2e %6.3f %7.3f\n", r.codec.c_str(), r.setting.c_str(),
+                r.bits_per_value, r.ratio_vs_fp16, r.ppl, r.delta_ppl_pct, r.kl, r.top1_agreement, r.greedy_match);
+  }
+  for (const auto& s : rep->skipped) std::printf("skipped %s: %s\n", s.codec.c_str(), s.reason.c_str());
+  std::printf("greedy continuation, exact KV: %s\n", rep->sample_exact.c_str());
+  return 0;
+}
+
+const bool kRegistered = RegisterCommand(50, [](CLI::App& root) -> CommandRunner {
+  auto a = std::make_shared<EvalArgs>();
+  CLI::App* sub = root.add_subcommand(
+      "eval", "Rate-quality of every codec on a llama.cpp model's own KV cache (PPL, KL, top-1, greedy match)");
+  sub->add_option("--model", a->model,
+                  std::string("GGUF model (default: ") + kDefaultModel + ", else a generated random-weight model)");
+  sub->add_option("--text", a->text, std::string("Text, stories separated by <|endoftext|> lines (default: ") +
+                                         kDefaultText + ")");
+  sub->add_option("--codecs", a->codecs,
+                  "Codecs: cachegen, cachegen+rope (RoPE undone on keys before encoding), cachegen-ref, fp16, "
+                  "fp16-zstd, q8, q4, kivi2, kivi4, llama-q8_0, llama-q4_0 (llama.cpp's own cache types)")
+      ->capture_default_str();
+  sub->add_option("--bits", a->bits, "Rates (bits/value) for cachegen and cachegen+rope")->capture_default_str();
+  sub->add_option("--context", a->context, "Context tokens prefilled and compressed")->capture_default_str();
+  sub->add_option("--continuation", a->continuation, "Tokens scored after the context")->capture_default_str();
+  sub->add_option("--windows", a->windows, "Maximum number of text windows")->capture_default_str();
+  sub->add_option("--greedy", a->greedy, "Greedy tokens compared with the exact-KV generation")
+      ->capture_default_str();
+  sub->add_option("--cache-type", a->cache_type, "llama.cpp cache type of the exact context: f16, bf16, f32")
+      ->capture_default_str();
+  sub->add_option("--flash-attn", a->flash_attn, "-1 auto, 0 off, 1 on")->capture_default_str();
+  sub->add_option("--threads", a->threads, "llama.cpp threads (0: 1 for tiny models, else up to 4)")
+      ->capture_default_str();
+  sub->add_option("--chunk-tokens", a->tuning.chunk_tokens, "Codec chunk size in tokens")->capture_default_str();
+  sub->add_option("--group-tokens", a->tuning.group_tokens, "cachegen: prediction group size G (0 = default)");
+  sub->add_flag("--rotate,!--no-rotate", a->tuning.rotate, "cachegen: per-head Hadamard rotation");
+  sub->add_option("--layer-slope", a->tuning.layer_slope, "cachegen: >0 gives shallow layers finer steps");
+  sub->add_option("--recent-tokens", a->tuning.recent_tokens, "cachegen: most recent W tokens at finer precision");
+  sub->add_option("--recent-step-scale", a->tuning.recent_step_scale, "cachegen: their step multiplier")
+      ->check(CLI::Range(0.0, 1.0));
+  sub->add_flag("--json", a->json, "Print one JSON object");
+  sub->add_option("--plot", a->plot, "Write the bits/value vs ΔPPL curves as a PNG (gnuplot)");
+  sub->add_flag("-q,--quiet", a->quiet, "No progress on stderr");
+  return [sub, a] { return *sub ? std::optional<int>(RunEval(*a)) : std::nullopt; };
+});
+
+}  // namespace
+}  // namespace cachegen::cli
