@@ -42,6 +42,8 @@ Result<Encoder> Encoder::Create(const CodecConfig& config) {
     return Status::InvalidArgument("levels must be in 1..8, got " + std::to_string(levels));
   if (!std::isfinite(config.layer_slope) || config.layer_slope < 0)
     return Status::InvalidArgument("layer_slope must be finite and non-negative");
+  if (!std::isfinite(config.key_step_scale) || config.key_step_scale <= 0 || config.key_step_scale > 1e3)
+    return Status::InvalidArgument("key_step_scale must be in (0, 1000]");
   if (!std::isfinite(config.recent_step_scale) || config.recent_step_scale < 0 || config.recent_step_scale > 1)
     return Status::InvalidArgument("recent_step_scale must be in [0, 1]");
   return Encoder(config);

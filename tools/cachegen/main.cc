@@ -202,6 +202,8 @@ int Main(int argc, char** argv) {
   enc->add_flag("--rotate,!--no-rotate", ea.tuning.rotate, "cachegen: per-head Hadamard rotation (default off)");
   enc->add_option("--layer-slope", ea.tuning.layer_slope, "cachegen: >0 gives shallow layers finer steps")
       ->capture_default_str();
+  enc->add_option("--key-step-scale", ea.tuning.key_step_scale, "cachegen: K step relative to V (with --bits)")
+      ->capture_default_str();
   enc->add_option("--recent-tokens", ea.tuning.recent_tokens, "cachegen: most recent W tokens at finer precision")
       ->capture_default_str();
   enc->add_option("--recent-step-scale", ea.tuning.recent_step_scale,

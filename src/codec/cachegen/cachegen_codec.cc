@@ -196,7 +196,11 @@ class CacheGenCodec final : public Codec {
     constexpr uint32_t kSampledGroups = 8;
     const uint32_t groups = std::max(1u, s.tokens / std::max(1u, a[0]->layout().group_tokens));
     uint32_t sample_every = std::max(1u, groups / kSampledGroups);
-    auto factor = [&](uint32_t i) { return LayerFactor(i / 2, s.layers, cfg.layer_slope); };
+    // Section i is layer i / 2, K when i is even.
+    const float key_scale = static_cast<float>(cfg.key_step_scale);
+    auto factor = [&](uint32_t i) {
+      return LayerFactor(i / 2, s.layers, cfg.layer_slope) * (i % 2 == 0 ? key_scale : 1.0f);
+    };
 
     CG_RETURN_IF_ERROR(ParallelFor(n, cfg.threads, [&](uint64_t i) {
       (*deltas)[i] = a[i]->PreferDelta(factor(uint32_t(i)), sample_every);
