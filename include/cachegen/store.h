@@ -73,9 +73,12 @@ class ChunkStore {
 // Opens a store by URI:
 //   file:///abs/path[?max_bytes=N]   embedded default: one file per chunk-level
 //   mem://[?max_bytes=N]             in-process LRU
-//   redis://host:port[?ttl=S]        a single Redis server
-//   redis-cluster://h1:p1,h2:p2[?ttl=S]  Redis Cluster
-// Unknown schemes or malformed URIs are kInvalidArgument.
+//   redis://[[user]:password@]host:port[?ttl=S]  a single Redis server
+//   redis-cluster://h1:p1,h2:p2[?ttl=S]  Redis Cluster (any reachable seeds)
+// Redis URIs also take connect_timeout_ms (default 1000), timeout_ms (per
+// command, default 2000) and pool (idle connections per server, default 8).
+// Unknown schemes, unknown parameters or malformed URIs are kInvalidArgument;
+// a Redis server or cluster that does not answer at open is kIOError.
 Result<std::unique_ptr<ChunkStore>> OpenStore(const std::string& uri);
 
 }  // namespace cachegen
