@@ -108,6 +108,18 @@ expect_rc 1 build/cachegen encode "$tmp/missing.npy" -o "$tmp/x.cgkv"
 expect_rc 1 build/cachegen encode synthetic:1,2 -o "$tmp/x.cgkv"
 expect_rc 2 build/cachegen encode
 expect_rc 2 build/cachegen encode synthetic:1,1,8,8 -o "$tmp/x.cgkv" --bits 2 --snr-db 10
+# chunk store CLI: put/get round trip, verify finds a flipped byte
+key=00112233445566778899aabbccddeeff
+head -c 3000 /dev/zero >"$tmp/frame"
+build/cachegen store put --store "file://$tmp/store" "$key" 1 "$tmp/frame" >/dev/null
+build/cachegen store get --store "file://$tmp/store" "$key" 1 -o "$tmp/frame.out" >/dev/null
+cmp -s "$tmp/frame" "$tmp/frame.out"
+build/cachegen store verify --store "file://$tmp/store" >/dev/null
+printf '\377' | dd of="$tmp/store/00/$key.1" bs=1 seek=2000 conv=notrunc 2>/dev/null
+expect_rc 1 build/cachegen store verify --store "file://$tmp/store"
+expect_rc 1 build/cachegen store get --store "file://$tmp/store" "$key" 1 -o "$tmp/frame.out"
+build/cachegen bench-store --store mem:// --store "file://$tmp/bench" --ops 20 --frame-bytes 4096 --json \
+  | python3 -c 'import json,sys; d=json.load(sys.stdin); assert all(s["put"]["errors"]==0 and s["get"]["errors"]==0 for s in d["stores"])'
 echo "cli smoke ok"
 
 if build/cachegen eval --help >/dev/null 2>&1; then

@@ -1,0 +1,189 @@
+// `cachegen store ...`: operator commands on a chunk store given by URI.
+//   stat    entries, bytes, levels of a file:// store (or reachability of any store)
+//   verify  reads and verifies every record of a file:// store
+//   put/get one frame by key and level
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "cachegen/cli.h"
+#include "cachegen/command.h"
+#include "cachegen/store.h"
+#include "store/file_store.h"
+
+namespace cachegen::cli {
+namespace {
+
+struct StoreArgs {
+  std::string uri;
+  bool json = false;
+  bool delete_corrupt = false;
+  std::string key;
+  uint32_t level = 0;
+  std::string file;  // put: input; get: output
+};
+
+Result<std::unique_ptr<ChunkStore>> Open(const std::string& uri) { return OpenStore(uri); }
+
+int RunStat(const StoreArgs& a) {
+  auto s = Open(a.uri);
+  if (!s.ok()) return Fail(s.status());
+  auto* fs = dynamic_cast<store::FileStore*>(s->get());
+  if (!fs) {
+    // Nothing to list without scanning a remote keyspace; opening it proved it answers.
+    if (a.json)
+      std::printf("%s\n", nlohmann::json{{"uri", (*s)->uri()}, {"reachable", true}}.dump().c_str());
+    else
+      std::printf("%s: reachable (entry listing is available for file:// stores only)\n", (*s)->uri().c_str());
+    return 0;
+  }
+  auto scan = fs->Scan(false);
+  if (!scan.ok()) return Fail(scan.status());
+  std::map<uint32_t, std::pair<uint64_t, uint64_t>> levels;  // level -> (entries, bytes)
+  std::map<std::string, bool> chunks;
+  int64_t oldest = 0, newest = 0;
+  for (const auto& e : scan->entries) {
+    auto& l = levels[e.level];
+    ++l.first;
+    l.second += e.size;
+    chunks[e.key.Hex()] = true;
+    if (!oldest || e.mtime_ns < oldest) oldest = e.mtime_ns;
+    newest = std::max(newest, e.mtime_ns);
+  }
+  if (a.json) {
+    nlohmann::json j{{"uri", fs->uri()},          {"entries", scan->entries.size()},
+                     {"chunks", chunks.size()},   {"bytes", scan->total_bytes},
+                     {"max_bytes", fs->max_bytes()}, {"temp_files", scan->temp_files}};
+    j["levels"] = nlohmann::json::array();
+    for (const auto& [level, v] : levels) j["levels"].push_back({{"level", level}, {"entries", v.first}, {"bytes", v.second}});
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+  std::printf("%s\n  entries %zu (%zu chunks), %.3f MB in records", fs->uri().c_str(), scan->entries.size(),
+              chunks.size(), static_cast<double>(scan->total_bytes) / 1e6);
+  if (fs->max_bytes()) std::printf(" of a %.3f MB budget", static_cast<double>(fs->max_bytes()) / 1e6);
+  std::printf("\n  temp files (writes in flight or left by a crash) %llu\n",
+              static_cast<unsigned long long>(scan->temp_files));
+  for (const auto& [level, v] : levels)
+    std::printf("  level %u: %llu entries, %.3f MB\n", level, static_cast<unsigned long long>(v.first),
+                static_cast<double>(v.second) / 1e6);
+  if (!scan->entries.empty())
+    std::printf("  least recent use %.0f s ago, most recent %.0f s ago\n",
+                (static_cast<double>(std::time(nullptr)) * 1e9 - static_cast<double>(oldest)) / 1e9,
+                (static_cast<double>(std::time(nullptr)) * 1e9 - static_cast<double>(newest)) / 1e9);
+  return 0;
+}
+
+int RunVerify(const StoreArgs& a) {
+  auto s = Open(a.uri);
+  if (!s.ok()) return Fail(s.status());
+  auto* fs = dynamic_cast<store::FileStore*>(s->get());
+  if (!fs) return Fail(Status::InvalidArgument("store verify scans file:// stores only"));
+  auto scan = fs->Scan(false);
+  if (!scan.ok()) return Fail(scan.status());
+  uint64_t ok = 0, bad = 0, deleted = 0;
+  nlohmann::json corrupt = nlohmann::json::array();
+  for (const auto& e : scan->entries) {
+    const Status st = fs->VerifyEntry(e);
+    if (st.ok()) {
+      ++ok;
+      continue;
+    }
+    if (st.code() == StatusCode::kIOError && !std::filesystem::exists(fs->root() + "/" + e.path)) continue;  // removed meanwhile
+    ++bad;
+    if (a.delete_corrupt) {
+      std::error_code ec;
+      if (std::filesystem::remove(fs->root() + "/" + e.path, ec)) ++deleted;
+    }
+    if (a.json)
+      corrupt.push_back({{"path", e.path}, {"error", st.message()}});
+    else
+      std::printf("corrupt %s: %s\n", e.path.c_str(), st.message().c_str());
+  }
+  if (a.json) {
+    std::printf("%s\n", nlohmann::json{{"uri", fs->uri()}, {"verified", ok}, {"corrupt", bad}, {"deleted", deleted},
+                                       {"corrupt_entries", corrupt}}
+                            .dump()
+                            .c_str());
+  } else {
+    std::printf("%s: %llu records verified, %llu corrupt", fs->uri().c_str(), static_cast<unsigned long long>(ok),
+                static_cast<unsigned long long>(bad));
+    if (a.delete_corrupt) std::printf(", %llu deleted", static_cast<unsigned long long>(deleted));
+    std::printf("\n");
+  }
+  if (bad && !a.delete_corrupt) {
+    std::fprintf(stderr, "cachegen: error: %llu corrupt records (--delete-corrupt removes them)\n",
+                 static_cast<unsigned long long>(bad));
+    return 1;
+  }
+  return 0;
+}
+
+int RunPut(const StoreArgs& a) {
+  auto key = ChunkKey::FromHex(a.key);
+  if (!key.ok()) return Fail(key.status());
+  std::ifstream in(a.file, std::ios::binary);
+  if (!in) return Fail(Status::IOError("cannot open " + a.file));
+  const std::vector<uint8_t> frame((std::istreambuf_iterator<char>(in)), {});
+  auto s = Open(a.uri);
+  if (!s.ok()) return Fail(s.status());
+  const Status st = (*s)->Put(*key, a.level, frame);
+  if (!st.ok()) return Fail(st);
+  std::printf("stored %s/%u: %zu bytes\n", key->Hex().c_str(), a.level, frame.size());
+  return 0;
+}
+
+int RunGet(const StoreArgs& a) {
+  auto key = ChunkKey::FromHex(a.key);
+  if (!key.ok()) return Fail(key.status());
+  auto s = Open(a.uri);
+  if (!s.ok()) return Fail(s.status());
+  auto frame = (*s)->Get(*key, a.level);
+  if (!frame.ok()) return Fail(frame.status());
+  std::ofstream out(a.file, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(frame->data()), static_cast<std::streamsize>(frame->size()));
+  if (!out) return Fail(Status::IOError("cannot write " + a.file));
+  std::printf("wrote %s: %zu bytes (verified)\n", a.file.c_str(), frame->size());
+  return 0;
+}
+
+const bool kRegistered = RegisterCommand(45, [](CLI::App& root) -> CommandRunner {
+  auto args = std::make_shared<StoreArgs>();
+  CLI::App* store = root.add_subcommand("store", "Inspect, verify and access a chunk store (file://, mem://, redis://, redis-cluster://)");
+  store->require_subcommand(1);
+  const auto add_uri = [&](CLI::App* sub) {
+    sub->add_option("--store", args->uri, "Store URI, e.g. file:///var/cache/cachegen")->required();
+  };
+  CLI::App* stat = store->add_subcommand("stat", "Entries, bytes and levels of a file:// store; reachability of others");
+  add_uri(stat);
+  stat->add_flag("--json", args->json, "Print one JSON object");
+  CLI::App* verify = store->add_subcommand("verify", "Read and verify every record of a file:// store (exit 1 if any is corrupt)");
+  add_uri(verify);
+  verify->add_flag("--json", args->json, "Print one JSON object");
+  verify->add_flag("--delete-corrupt", args->delete_corrupt, "Remove corrupt records (then exit 0)");
+  CLI::App* put = store->add_subcommand("put", "Store the bytes of IN as the frame of KEY at LEVEL");
+  add_uri(put);
+  put->add_option("key", args->key, "Chunk key: 32 hex digits")->required();
+  put->add_option("level", args->level, "Level")->required();
+  put->add_option("input", args->file, "File with the frame bytes")->required();
+  CLI::App* get = store->add_subcommand("get", "Write the verified frame of KEY at LEVEL to -o OUT");
+  add_uri(get);
+  get->add_option("key", args->key, "Chunk key: 32 hex digits")->required();
+  get->add_option("level", args->level, "Level")->required();
+  get->add_option("-o,--output", args->file, "Output file")->required();
+  return [=]() -> std::optional<int> {
+    if (!*store) return std::nullopt;
+    if (*stat) return RunStat(*args);
+    if (*verify) return RunVerify(*args);
+    if (*put) return RunPut(*args);
+    return RunGet(*args);
+  };
+});
+
+}  // namespace
+}  // namespace cachegen::cli
