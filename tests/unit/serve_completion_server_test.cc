@@ -1,0 +1,166 @@
+// The HTTP layer of llama-serve over a scripted engine (the real llama.cpp
+// engine is tested in llama_serve_test.cc): routing, validation, streaming,
+// queueing and refusal when full.
+#include "serve/completion_server.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+namespace cachegen::serve {
+namespace {
+
+using nlohmann::json;
+
+// Emits the prompt's words one by one; can be held at the start of a request.
+class WordEngine : public CompletionEngine {
+ public:
+  uint32_t slots() const override { return 1; }
+  std::string model_name() const override { return "words"; }
+  Result<CompletionResult> Complete(uint32_t, const CompletionRequest& req,
+                                    const std::function<bool(const std::string&)>& on_text) override {
+    {
+      std::unique_lock lock(mu_);
+      ++started_;
+      cv_.notify_all();
+      cv_.wait(lock, [&] { return !hold_; });
+    }
+    if (req.prompt == "fail") return Status::Internal("engine failed");
+    CompletionResult r;
+    std::string word;
+    for (char c : req.prompt + " ") {
+      if (c != ' ') {
+        word += c;
+        continue;
+      }
+      if (r.timings.completion_tokens == req.max_tokens) break;
+      r.text += word;
+      ++r.timings.completion_tokens;
+      if (!on_text(word)) break;
+      word.clear();
+    }
+    r.finish_reason = r.timings.completion_tokens == req.max_tokens ? "length" : "stop";
+    r.timings.ttft_ms = 1.5;
+    return r;
+  }
+  void Hold(bool h) {
+    std::lock_guard lock(mu_);
+    hold_ = h;
+    cv_.notify_all();
+  }
+  void WaitStarted(int n) {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return started_ >= n; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool hold_ = false;
+  int started_ = 0;
+};
+
+class CompletionServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    CompletionServerOptions o;
+    o.max_waiting = 1;
+    auto s = CompletionServer::Start(&engine_, o);
+    ASSERT_TRUE(s.ok()) << s.status().message();
+    server_ = std::move(*s);
+  }
+  httplib::Client Client() { return httplib::Client("127.0.0.1", server_->port()); }
+
+  WordEngine engine_;
+  std::unique_ptr<CompletionServer> server_;
+};
+
+TEST_F(CompletionServerTest, CompletesAndReportsTimings) {
+  auto res = Client().Post("/v1/completions", R"({"prompt":"a b c","max_tokens":2})", "application/json");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  json j = json::parse(res->body);
+  EXPECT_EQ(j["choices"][0]["text"], "ab");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(j["model"], "words");
+  EXPECT_EQ(j["timings"]["ttft_ms"], 1.5);
+  auto models = Client().Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(json::parse(models->body)["data"][0]["id"], "words");
+  auto metrics = Client().Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_NE(metrics->body.find("cachegen_llama_ttft_seconds_count 1"), std::string::npos) << metrics->body;
+}
+
+TEST_F(CompletionServerTest, StreamsServerSentEvents) {
+  auto res = Client().Post("/v1/chat/completions",
+                           R"({"messages":[{"role":"user","content":"x y"}],"stream":true})", "application/json");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200);
+  EXPECT_NE(res->get_header_value("Content-Type").find("text/event-stream"), std::string::npos);
+  std::vector<json> events;
+  size_t pos = 0;
+  while ((pos = res->body.find("data: ", pos)) != std::string::npos) {
+    const size_t end = res->body.find("\n\n", pos);
+    ASSERT_NE(end, std::string::npos);
+    const std::string data = res->body.substr(pos + 6, end - pos - 6);
+    if (data != "[DONE]") events.push_back(json::parse(data));
+    pos = end;
+  }
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_EQ(events.back()["choices"][0]["finish_reason"], "stop");
+  EXPECT_TRUE(events.back().contains("timings"));
+  EXPECT_NE(res->body.rfind("data: [DONE]\n\n"), std::string::npos);
+}
+
+TEST_F(CompletionServerTest, RejectsBadRequestsAndEngineErrors) {
+  auto bad = Client().Post("/v1/completions", R"({"prompt":"x","max_tokens":-3})", "application/json");
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400);
+  EXPECT_NE(json::parse(bad->body)["error"]["message"].get<std::string>().find("max_tokens"), std::string::npos);
+  auto garbage = Client().Post("/v1/completions", "{", "application/json");
+  ASSERT_TRUE(garbage);
+  EXPECT_EQ(garbage->status, 400);
+  auto failed = Client().Post("/v1/completions", R"({"prompt":"fail"})", "application/json");
+  ASSERT_TRUE(failed);
+  EXPECT_EQ(failed->status, 500);
+  auto missing = Client().Get("/v1/nothing");
+  ASSERT_TRUE(missing);
+  EXPECT_EQ(missing->status, 404);
+}
+
+TEST_F(CompletionServerTest, QueuesThenRefusesWhenFull) {
+  engine_.Hold(true);
+  std::atomic<int> first_status{0}, second_status{0};
+  std::thread first([&] {
+    auto r = Client().Post("/v1/completions", R"({"prompt":"a"})", "application/json");
+    first_status = r ? r->status : -1;
+  });
+  engine_.WaitStarted(1);  // the only slot is busy
+  std::thread second([&] {
+    auto r = Client().Post("/v1/completions", R"({"prompt":"b"})", "application/json");
+    second_status = r ? r->status : -1;
+  });
+  // The second request waits in the queue (of 1); a third is refused at once.
+  for (int i = 0; i < 2000; ++i) {
+    auto h = Client().Get("/healthz");
+    if (h && json::parse(h->body)["waiting"] == 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  auto third = Client().Post("/v1/completions", R"({"prompt":"c"})", "application/json");
+  ASSERT_TRUE(third);
+  EXPECT_EQ(third->status, 503);
+  engine_.Hold(false);
+  first.join();
+  second.join();
+  EXPECT_EQ(first_status, 200);
+  EXPECT_EQ(second_status, 200);
+}
+
+}  // namespace
+}  // namespace cachegen::serve
