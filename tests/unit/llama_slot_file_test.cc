@@ -1,0 +1,129 @@
+// Slot files written by llama.cpp itself (llama_state_seq_save_file, what
+// llama-server's slot save calls) through cachegen slot compress/restore.
+#include "engine/llama_slot_file.h"
+
+#include <filesystem>
+
+#include <gtest/gtest.h>
+#include <llama.h>
+
+#include "cachegen/llama_engine.h"
+#include "kv/io.h"
+#include "shared_data.h"
+
+namespace cachegen::engine {
+namespace {
+
+class SlotFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string model = cachegen::testing::SharedPath("models/stories260K.gguf");
+    const std::string text = cachegen::testing::SharedPath("data/tinystories/sample.txt");
+    if (model.empty() || text.empty()) GTEST_SKIP() << "../shared (stories260K.gguf, sample.txt) not found";
+    auto m = LlamaModel::Load(model);
+    ASSERT_TRUE(m.ok()) << m.status().message();
+    model_ = *m;
+    auto t = model_->Tokenize(cachegen::testing::ReadTextFile(text));
+    ASSERT_TRUE(t.ok());
+    tokens_.assign(t->begin(), t->begin() + std::min<size_t>(t->size(), 200));
+    path_ = (std::filesystem::temp_directory_path() / ("cachegen-slot-" + std::to_string(getpid()) + ".bin")).string();
+  }
+  void TearDown() override {
+    if (!path_.empty()) std::filesystem::remove(path_);
+  }
+  std::unique_ptr<LlamaContext> Context() {
+    LlamaContextOptions o;
+    o.n_ctx = 256;
+    auto c = LlamaContext::Create(model_, o);
+    EXPECT_TRUE(c.ok()) << c.status().message();
+    return std::move(*c);
+  }
+  // A slot file of the prefilled tokens, written by llama.cpp.
+  std::vector<uint8_t> SavedSlot(LlamaContext& ctx) {
+    EXPECT_TRUE(ctx.Eval(tokens_, 0).ok());
+    EXPECT_GT(llama_state_seq_save_file(ctx.raw(), path_.c_str(), 0, tokens_.data(), tokens_.size()), 0u);
+    auto bytes = ReadFileBytes(path_);
+    EXPECT_TRUE(bytes.ok());
+    return *bytes;
+  }
+
+  std::shared_ptr<LlamaModel> model_;
+  std::vector<int32_t> tokens_;
+  std::string path_;
+};
+
+TEST_F(SlotFileTest, Fp16RoundTripIsByteIdentical) {
+  auto ctx = Context();
+  const std::vector<uint8_t> slot = SavedSlot(*ctx);
+  auto parsed = ParseLlamaSlotFile(slot);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().message();
+  EXPECT_EQ(parsed->tokens, tokens_);
+  CodecConfig fp16;
+  fp16.codec = "fp16";
+  auto packed = CompressSlotFile(slot, fp16, 4);
+  ASSERT_TRUE(packed.ok()) << packed.status().message();
+  auto restored = RestoreSlotFile(*packed);
+  ASSERT_TRUE(restored.ok()) << restored.status().message();
+  EXPECT_EQ(*restored, slot);
+}
+
+TEST_F(SlotFileTest, CompressedSlotLoadsIntoLlamaCppAndPredictsAlike) {
+  auto ctx = Context();
+  const std::vector<uint8_t> slot = SavedSlot(*ctx);
+  const int32_t next = tokens_.back();
+  ASSERT_TRUE(ctx->Eval(std::span<const int32_t>(&next, 1), static_cast<int32_t>(tokens_.size())).ok());
+  std::vector<float> exact(ctx->Logits(0).begin(), ctx->Logits(0).end());
+
+  CodecConfig cfg;  // cachegen at its default rate
+  EncodeStats stats;
+  auto packed = CompressSlotFile(slot, cfg, 0, &stats);
+  ASSERT_TRUE(packed.ok()) << packed.status().message();
+  EXPECT_LT(packed->size() * 4, slot.size());  // well under a quarter of the f16 slot
+  auto restored = RestoreSlotFile(*packed);
+  ASSERT_TRUE(restored.ok()) << restored.status().message();
+  ASSERT_TRUE(WriteFileBytes(path_, *restored).ok());
+
+  auto fresh = Context();
+  std::vector<int32_t> loaded(tokens_.size() + 8);
+  size_t n_loaded = 0;
+  ASSERT_GT(llama_state_seq_load_file(fresh->raw(), path_.c_str(), 0, loaded.data(), loaded.size(), &n_loaded), 0u);
+  loaded.resize(n_loaded);
+  EXPECT_EQ(loaded, tokens_);
+  ASSERT_TRUE(fresh->Eval(std::span<const int32_t>(&next, 1), static_cast<int32_t>(tokens_.size())).ok());
+  std::span<const float> approx = fresh->Logits(0);
+  ASSERT_EQ(approx.size(), exact.size());
+  EXPECT_EQ(std::max_element(approx.begin(), approx.end()) - approx.begin(),
+            std::max_element(exact.begin(), exact.end()) - exact.begin());
+}
+
+TEST_F(SlotFileTest, DamagedFilesAreErrorsNeverCrashes) {
+  auto ctx = Context();
+  std::vector<uint8_t> slot = SavedSlot(*ctx);
+  CodecConfig cfg;
+  cfg.chunk_tokens = 64;
+  auto packed = CompressSlotFile(slot, cfg, 0);
+  ASSERT_TRUE(packed.ok());
+  // Every truncation, and a flipped byte at every position of the header and layout.
+  for (size_t n = 0; n < packed->size(); n += 1 + n / 64)
+    EXPECT_FALSE(RestoreSlotFile(std::span<const uint8_t>(packed->data(), n)).ok()) << n;
+  const size_t header = 12 + 4 * tokens_.size() + 33 + 4 * tokens_.size() + 8;
+  for (size_t i = 0; i < std::min(header, packed->size()); ++i) {
+    std::vector<uint8_t> bad = *packed;
+    bad[i] ^= 0x5a;
+    EXPECT_FALSE(RestoreSlotFile(bad).ok()) << "flipped byte " << i;
+  }
+  // Slot files: wrong magic, unknown version, token count past the end.
+  std::vector<uint8_t> bad = slot;
+  bad[0] ^= 1;
+  EXPECT_EQ(CompressSlotFile(bad, cfg, 0).status().code(), StatusCode::kCorrupt);
+  bad = slot;
+  bad[4] = 9;
+  EXPECT_EQ(CompressSlotFile(bad, cfg, 0).status().code(), StatusCode::kUnsupported);
+  bad = slot;
+  bad[8] = bad[9] = bad[10] = 0xff;
+  EXPECT_FALSE(CompressSlotFile(bad, cfg, 0).ok());
+  EXPECT_FALSE(CompressSlotFile(std::span<const uint8_t>(slot.data(), slot.size() - 1), cfg, 0).ok());
+}
+
+}  // namespace
+}  // namespace cachegen::engine

@@ -1,0 +1,98 @@
+// cachegen slot compress|restore: llama-server slot files (POST
+// /slots/{id}?action=save) in and out of cachegen, so an unmodified
+// llama-server's saved slots are stored compressed and restored with
+// action=restore.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "cachegen/cli.h"
+#include "cachegen/command.h"
+#include "engine/llama_slot_file.h"
+#include "kv/io.h"
+
+namespace cachegen::cli {
+namespace {
+
+struct SlotArgs {
+  std::string input, output;
+  CodecConfig codec;
+  uint32_t kv_heads = 0, level = 0, threads = 0;
+  bool json = false;
+};
+
+int RunCompress(const SlotArgs& a) {
+  Result<std::vector<uint8_t>> in = ReadFileBytes(a.input);
+  if (!in.ok()) return Fail(in.status());
+  EncodeStats stats;
+  Result<std::vector<uint8_t>> out = engine::CompressSlotFile(*in, a.codec, a.kv_heads, &stats);
+  if (!out.ok()) {
+    std::fprintf(stderr, "cachegen: error: '%s': %s\n", a.input.c_str(), out.status().message().c_str());
+    return 1;
+  }
+  Status st = WriteFileBytes(a.output, *out);
+  if (!st.ok()) return Fail(st);
+  const double ratio = static_cast<double>(in->size()) / static_cast<double>(out->size());
+  if (a.json) {
+    std::puts(nlohmann::json({{"input", a.input},
+                              {"output", a.output},
+                              {"input_bytes", in->size()},
+                              {"output_bytes", out->size()},
+                              {"ratio", ratio},
+                              {"level_bits_per_value", stats.level_bits_per_value}})
+                  .dump(2)
+                  .c_str());
+  } else {
+    std::printf("%s: %zu -> %zu bytes (%.2fx), codec %s\n", a.output.c_str(), in->size(), out->size(), ratio,
+                a.codec.codec.c_str());
+  }
+  return 0;
+}
+
+int RunRestore(const SlotArgs& a) {
+  Result<std::vector<uint8_t>> in = ReadFileBytes(a.input);
+  if (!in.ok()) return Fail(in.status());
+  Result<std::vector<uint8_t>> out = engine::RestoreSlotFile(*in, a.level, a.threads);
+  if (!out.ok()) {
+    std::fprintf(stderr, "cachegen: error: '%s': %s\n", a.input.c_str(), out.status().message().c_str());
+    return 1;
+  }
+  Status st = WriteFileBytes(a.output, *out);
+  if (!st.ok()) return Fail(st);
+  std::printf("%s: llama.cpp slot file, %zu bytes (level %u)\n", a.output.c_str(), out->size(), a.level);
+  return 0;
+}
+
+const bool kRegistered = RegisterCommand(30, [](CLI::App& root) -> CommandRunner {
+  auto a = std::make_shared<SlotArgs>();
+  CLI::App* slot = root.add_subcommand("slot", "Compress and restore llama-server slot files (/slots save/restore)");
+  slot->require_subcommand(1);
+  CLI::App* c = slot->add_subcommand("compress", "llama.cpp slot file -> .cgslot");
+  c->add_option("input", a->input, "Slot file written by llama-server (--slot-save-path)")->required();
+  c->add_option("-o,--output", a->output, "Output .cgslot")->required();
+  c->add_option("--codec", a->codec.codec, "Codec")->capture_default_str();
+  auto* ob = c->add_option("--bits", a->codec.bits_per_value, "Target bits per value (cachegen codec)");
+  auto* os = c->add_option("--snr-db", a->codec.snr_db, "Target per-layer SNR in dB (cachegen codec)");
+  ob->excludes(os);
+  os->excludes(ob);
+  c->add_option("--levels", a->codec.levels, "Quality levels")->capture_default_str();
+  c->add_option("--kv-heads", a->kv_heads, "KV heads per layer (0: head dim 128, else 64, else the whole row)")
+      ->capture_default_str();
+  c->add_flag("--json", a->json, "Print a JSON summary");
+  CLI::App* r = slot->add_subcommand("restore", ".cgslot -> llama.cpp slot file");
+  r->add_option("input", a->input, ".cgslot file")->required();
+  r->add_option("-o,--output", a->output, "Slot file for llama-server's action=restore")->required();
+  r->add_option("--level", a->level, "Quality level to decode (0 = best)")->capture_default_str();
+  r->add_option("--threads", a->threads, "Decode threads (0 = all cores)")->capture_default_str();
+  return [slot, c, r, a]() -> std::optional<int> {
+    if (!*slot) return std::nullopt;
+    if (*c) return RunCompress(*a);
+    if (*r) return RunRestore(*a);
+    return 2;
+  };
+});
+
+}  // namespace
+}  // namespace cachegen::cli
