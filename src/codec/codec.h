@@ -81,6 +81,13 @@ class Codec {
   // UB, and must terminate in time linear in its length plus the output size.
   virtual Status DecodeSection(const SectionContext& ctx, std::span<const uint8_t> payload,
                                std::span<float> out) const = 0;
+
+  // Decodes one section straight into section (ctx.layer, ctx.kv) of `out`
+  // (the frame's shape, any dtype/strides). The default decodes into
+  // `scratch` with DecodeSection and converts row by row; codecs with a fused
+  // path override it. Same contract on untrusted payloads.
+  virtual Status DecodeSectionToView(const SectionContext& ctx, std::span<const uint8_t> payload, const KVView& out,
+                                     std::vector<float>& scratch) const;
 };
 
 // The codec registry: by name (CodecConfig::codec) and by stored id.

@@ -18,9 +18,6 @@ Status DecodeSectionInto(const Codec& codec, const ParsedFrame& p, std::span<con
                          uint32_t layer, KV kv, const KVView& out, std::vector<float>& scratch) {
   CG_ASSIGN_OR_RETURN(std::span<const uint8_t> payload, SectionPayload(p, frame, layer, kv));
   const FrameHeader& h = p.header;
-  const uint64_t row = h.shape.channels();
-  // DecodeSection writes every value, so a reused buffer needs no clearing.
-  scratch.resize(uint64_t{h.shape.tokens} * row);
   SectionContext ctx;
   ctx.shape = h.shape;
   ctx.layer = layer;
@@ -29,9 +26,7 @@ Status DecodeSectionInto(const Codec& codec, const ParsedFrame& p, std::span<con
   ctx.token_start = h.token_start;
   ctx.context_tokens = h.context_tokens;
   ctx.params = h.params;
-  CG_RETURN_IF_ERROR(codec.DecodeSection(ctx, payload, scratch));
-  for (uint32_t t = 0; t < h.shape.tokens; ++t) out.WriteRow(layer, kv, t, &scratch[t * row]);
-  return Status::Ok();
+  return codec.DecodeSectionToView(ctx, payload, out, scratch);
 }
 
 Status DecodeParsed(const ParsedFrame& p, std::span<const uint8_t> frame, const KVView& out, uint32_t threads) {
@@ -54,6 +49,16 @@ Status DecodeParsed(const ParsedFrame& p, std::span<const uint8_t> frame, const 
 }
 
 }  // namespace
+
+Status Codec::DecodeSectionToView(const SectionContext& ctx, std::span<const uint8_t> payload, const KVView& out,
+                                  std::vector<float>& scratch) const {
+  const uint64_t row = ctx.shape.channels();
+  // DecodeSection writes every value, so a reused buffer needs no clearing.
+  scratch.resize(uint64_t{ctx.shape.tokens} * row);
+  CG_RETURN_IF_ERROR(DecodeSection(ctx, payload, scratch));
+  for (uint32_t t = 0; t < ctx.shape.tokens; ++t) out.WriteRow(ctx.layer, ctx.kv, t, &scratch[t * row]);
+  return Status::Ok();
+}
 
 Result<FrameInfo> InspectFrame(std::span<const uint8_t> frame) {
   CG_ASSIGN_OR_RETURN(ParsedFrame p, ParseFrame(frame));

@@ -14,6 +14,12 @@
 #include <string>
 #include <utility>
 
+#include "common/simd.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 namespace cachegen::rans {
 namespace {
 
@@ -264,6 +270,108 @@ bool DecodeLanes(uint32_t* state, const uint32_t* table, const uint8_t* words, s
   return true;
 }
 
+#if defined(__x86_64__)
+// kWordShuffle[m]: for a renormalisation mask m over 8 lanes, lane j takes
+// word popcount(m & ((1 << j) - 1)) of the next 8 (the scalar decoder's lanes
+// read in lane order, each at most one word).
+struct WordShuffle {
+  alignas(32) uint32_t idx[256][8];
+};
+constexpr WordShuffle MakeWordShuffle() {
+  WordShuffle t{};
+  for (uint32_t m = 0; m < 256; ++m) {
+    uint32_t k = 0;
+    for (uint32_t j = 0; j < 8; ++j) {
+      t.idx[m][j] = (m >> j) & 1 ? k : 0;
+      k += (m >> j) & 1;
+    }
+  }
+  return t;
+}
+constexpr WordShuffle kWordShuffle = MakeWordShuffle();
+
+// kRounds rounds of 8 symbols (one per lane) from words at wp + 2*pos;
+// returns the new pos. Reads up to 8 words beyond the last word it consumes.
+template <size_t kRounds>
+__attribute__((target("avx2,bmi2"), always_inline)) inline size_t Block8Avx2(__m256i& x, const int* tbl,
+                                                                             const uint8_t* wp, size_t pos,
+                                                                             uint32_t* o) {
+  const __m256i slot_mask = _mm256_set1_epi32(kSlotMask);
+  const __m256i f12 = _mm256_set1_epi32(0xfff);
+  const __m256i one = _mm256_set1_epi32(1);
+  const __m256i sym_mask = _mm256_set1_epi32(0xff);
+  const __m256i zero = _mm256_setzero_si256();
+  for (size_t r = 0; r < kRounds; ++r, o += 8) {
+    // Table lookups through a store and eight scalar loads: on the machines
+    // measured (AMD EPYC) this beat vpgatherdd (850 vs 700 M symbols/s in
+    // BM_RansDecodeStreams).
+    alignas(32) uint32_t sl[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(sl), _mm256_and_si256(x, slot_mask));
+    const __m256i e = _mm256_setr_epi32(tbl[sl[0]], tbl[sl[1]], tbl[sl[2]], tbl[sl[3]], tbl[sl[4]], tbl[sl[5]],
+                                        tbl[sl[6]], tbl[sl[7]]);
+    const __m256i freq = _mm256_add_epi32(_mm256_and_si256(_mm256_srli_epi32(e, 8), f12), one);
+    x = _mm256_add_epi32(_mm256_mullo_epi32(freq, _mm256_srli_epi32(x, kProbBits)), _mm256_srli_epi32(e, 20));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), _mm256_and_si256(e, sym_mask));
+    const __m256i need = _mm256_cmpeq_epi32(_mm256_srli_epi32(x, 16), zero);
+    const uint32_t m = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(need)));
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wp + 2 * pos)));
+    const __m256i wl =
+        _mm256_permutevar8x32_epi32(w, _mm256_load_si256(reinterpret_cast<const __m256i*>(kWordShuffle.idx[m])));
+    x = _mm256_blendv_epi8(x, _mm256_or_si256(_mm256_slli_epi32(x, 16), wl), need);
+    pos += static_cast<size_t>(__builtin_popcount(m));
+  }
+  return pos;
+}
+
+// DecodeLanes<8> with the 8 lane states in one AVX2 register: a gather for
+// the table lookups, and the renormalising reads as one 16-byte load spread
+// over the lanes that need a word. Same results, same payload checks: the
+// main loop runs while a block's loads (at most kBlock words plus the 8-word
+// load width) stay inside the payload; the rest goes through a zero-padded
+// copy with one bounds check per block, then a checked scalar tail.
+__attribute__((target("avx2,bmi2"))) bool DecodeLanes8Avx2(uint32_t* state, const uint32_t* table,
+                                                           const uint8_t* words, size_t nwords, uint32_t* out,
+                                                           size_t n, size_t* used) {
+  constexpr size_t kRounds = 8;
+  constexpr size_t kBlock = kRounds * 8;
+  __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(state));
+  const int* tbl = reinterpret_cast<const int*>(table);
+
+
+  size_t pos = 0;
+  size_t i = 0;
+  while (n - i >= kBlock && nwords - pos >= kBlock + 8) {
+    pos = Block8Avx2<kRounds>(x, tbl, words, pos, out + i);
+    i += kBlock;
+  }
+  const size_t rem = nwords - pos;  // < kBlock + 8, or fewer than kBlock symbols left
+  if (rem > n - i) return false;    // at most one word per remaining symbol
+  uint8_t pad[2 * (2 * kBlock + 8)] = {};
+  std::memcpy(pad, words + 2 * pos, 2 * rem);
+  size_t p = 0;
+  while (n - i >= kBlock) {
+    p = Block8Avx2<kRounds>(x, tbl, pad, p, out + i);
+    if (p > rem) return false;
+    i += kBlock;
+  }
+  alignas(32) uint32_t xs[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(xs), x);
+  uint32_t j = 0;
+  for (; i < n; ++i) {
+    out[i] = Step(xs[j], table);
+    if (xs[j] < kL) {
+      if (p >= rem) return false;
+      xs[j] = (xs[j] << 16) | Load16(pad + 2 * p);
+      ++p;
+    }
+    j = (j + 1 == 8) ? 0 : j + 1;
+  }
+  for (uint32_t k = 0; k < 8; ++k) state[k] = xs[k];
+  *used = pos + p;
+  return true;
+}
+#endif
+
 using DecodeFn = bool (*)(uint32_t*, const uint32_t*, const uint8_t*, size_t, uint32_t*, size_t, size_t*);
 
 template <size_t... I>
@@ -391,22 +499,22 @@ uint64_t EstimateStreamBytes(std::span<const uint64_t> histogram, const EncodeOp
   return 1 + TableBytes(p) + 1 + VarintLen(p.escape_bytes) + VarintLen(payload) + p.escape_bytes + payload;
 }
 
-Status DecodeStream(ByteReader& in, std::span<uint32_t> out) {
-  const size_t n = out.size();
-  const uint8_t mode = in.U8();
+Status ParseStream(ByteReader& in, size_t n, ParsedStream* s) {
+  s->n = n;
+  s->mode = in.U8();
   if (!in.ok()) return Corrupt("truncated before mode byte");
-  if (mode == kModeEmpty) {
+  if (s->mode == kModeEmpty) {
     if (n != 0) return Corrupt("stream is empty but " + std::to_string(n) + " symbols were expected");
     return Status::Ok();
   }
-  if (mode == kModeConstant) {
+  if (s->mode == kModeConstant) {
     const uint64_t v = in.Varint();
     if (!in.ok()) return Corrupt("truncated constant value");
     if (v > UINT32_MAX) return Corrupt("constant value exceeds 32 bits");
-    std::fill(out.begin(), out.end(), static_cast<uint32_t>(v));
+    s->constant = static_cast<uint32_t>(v);
     return Status::Ok();
   }
-  if (mode != kModeRans) return Corrupt("unknown mode " + std::to_string(mode));
+  if (s->mode != kModeRans) return Corrupt("unknown mode " + std::to_string(s->mode));
 
   const uint32_t e = in.U8();
   if (!in.ok()) return Corrupt("truncated escape threshold");
@@ -437,44 +545,151 @@ Status DecodeStream(ByteReader& in, std::span<uint32_t> out) {
   // Each escape varint is at most 5 bytes (values are 32-bit).
   if (esc_len > 5ull * n) return Corrupt("escape area longer than the symbols could need");
   if (esc_len > 0 && freq[e] == 0) return Corrupt("escape bytes present but the escape symbol has frequency 0");
-  const auto esc = in.Bytes(esc_len);
-  const auto payload = in.Bytes(payload_len);
+  s->escape = e;
+  s->escape_used = freq[e] > 0;
+  s->lanes = lanes;
+  s->esc = in.Bytes(esc_len);
+  s->payload = in.Bytes(payload_len);
   if (!in.ok()) return Corrupt("truncated escape area or payload");
 
-  std::vector<uint32_t> table(kProbScale);
   uint32_t cum = 0;
   for (uint32_t v = 0; v <= e; ++v) {
-    for (uint32_t k = 0; k < freq[v]; ++k) table[cum + k] = v | ((freq[v] - 1) << 8) | (k << 20);
+    const uint32_t base = v | ((freq[v] - 1) << 8);
+    for (uint32_t k = 0; k < freq[v]; ++k) s->table[cum + k] = base | (k << 20);
     cum += freq[v];
   }
-
-  uint32_t state[kMaxLanes];
   for (uint32_t j = 0; j < lanes; ++j) {
-    state[j] = Load16(payload.data() + 4 * j) | (Load16(payload.data() + 4 * j + 2) << 16);
-    if (state[j] < kL) return Corrupt("initial state of lane " + std::to_string(j) + " below 2^16");
+    s->state[j] = Load16(s->payload.data() + 4 * j) | (Load16(s->payload.data() + 4 * j + 2) << 16);
+    if (s->state[j] < kL) return Corrupt("initial state of lane " + std::to_string(j) + " below 2^16");
   }
-  const size_t body_words = nwords - 2 * lanes;
-  size_t used = 0;
-  if (!kDecoders[lanes - 1](state, table.data(), payload.data() + 4 * lanes, body_words, out.data(), n, &used)) {
-    return Corrupt("payload length does not match the coded symbols");
-  }
+  return Status::Ok();
+}
+
+namespace {
+
+// After the rANS body: the final-state check and the escape values.
+Status FinishStream(const ParsedStream& s, size_t used, uint32_t* out) {
+  const size_t body_words = s.payload.size() / 2 - 2 * s.lanes;
   if (used != body_words) return Corrupt("payload has unread words after the last symbol");
-  for (uint32_t j = 0; j < lanes; ++j) {
-    if (state[j] != kL) return Corrupt("final state of lane " + std::to_string(j) + " is not the initial value");
+  for (uint32_t j = 0; j < s.lanes; ++j) {
+    if (s.state[j] != kL) return Corrupt("final state of lane " + std::to_string(j) + " is not the initial value");
   }
-
-  if (freq[e] > 0) {
-    ByteReader er(esc);
-    for (size_t i = 0; i < n; ++i) {
+  if (!s.escape_used) return Status::Ok();
+  const uint32_t e = s.escape;
+  ByteReader er(s.esc);
+  constexpr size_t kScan = 32;
+  for (size_t i0 = 0; i0 < s.n; i0 += kScan) {
+    const size_t i1 = std::min(s.n, i0 + kScan);
+    bool any = false;  // branch-free scan first: escapes are rare
+    for (size_t i = i0; i < i1; ++i) any |= out[i] == e;
+    if (!any) continue;
+    for (size_t i = i0; i < i1; ++i) {
       if (out[i] != e) continue;
       const uint64_t d = er.Varint();
       if (!er.ok()) return Corrupt("escape area exhausted");
       if (d > UINT32_MAX - e) return Corrupt("escaped value exceeds 32 bits");
       out[i] = static_cast<uint32_t>(e + d);
     }
-    if (er.remaining() != 0) return Corrupt("escape area has unread bytes");
   }
+  if (er.remaining() != 0) return Corrupt("escape area has unread bytes");
   return Status::Ok();
+}
+
+const uint8_t* Body(const ParsedStream& s) { return s.payload.data() + 4 * s.lanes; }
+size_t BodyWords(const ParsedStream& s) { return s.payload.size() / 2 - 2 * s.lanes; }
+
+Status DecodeOne(ParsedStream& s, uint32_t* out, size_t done_symbols, size_t done_words) {
+  if (s.mode == kModeEmpty) return Status::Ok();
+  if (s.mode == kModeConstant) {
+    std::fill(out, out + s.n, s.constant);
+    return Status::Ok();
+  }
+  DecodeFn decode = kDecoders[s.lanes - 1];
+#if defined(__x86_64__)
+  if (s.lanes == 8 && simd::Avx2()) decode = &DecodeLanes8Avx2;
+#endif
+  size_t used = 0;
+  if (!decode(s.state, s.table, Body(s) + 2 * done_words, BodyWords(s) - done_words, out + done_symbols,
+              s.n - done_symbols, &used)) {
+    return Corrupt("payload length does not match the coded symbols");
+  }
+  return FinishStream(s, done_words + used, out);
+}
+
+#if defined(__x86_64__)
+// K 8-lane streams decoded in lockstep, so that one stream's table gathers
+// and multiplies overlap the others': the single-stream loop is bound by that
+// dependency chain, not by throughput. Runs whole rounds while every stream
+// is in its unchecked region, then leaves the rest to DecodeOne.
+template <int K>
+__attribute__((target("avx2,bmi2"))) void DecodeGroupAvx2(ParsedStream* const* s, uint32_t* const* o,
+                                                         size_t* done_syms, size_t* done_words) {
+  __m256i x[K];
+  size_t pos[K], nw[K];
+  size_t n = s[0]->n;
+  for (int k = 0; k < K; ++k) {
+    x[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s[k]->state));
+    pos[k] = 0;
+    nw[k] = BodyWords(*s[k]);
+    n = std::min(n, s[k]->n);
+  }
+  size_t i = 0;
+  for (;;) {
+    bool room = n - i >= 8;
+    for (int k = 0; k < K; ++k) room &= nw[k] - pos[k] >= 16;
+    if (!room) break;
+#pragma GCC unroll 8
+    for (int k = 0; k < K; ++k)
+      pos[k] = Block8Avx2<1>(x[k], reinterpret_cast<const int*>(s[k]->table), Body(*s[k]), pos[k], o[k] + i);
+    i += 8;
+  }
+  for (int k = 0; k < K; ++k) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(s[k]->state), x[k]);
+    done_syms[k] = i;
+    done_words[k] = pos[k];
+  }
+}
+#endif
+
+}  // namespace
+
+Status DecodeParsed(std::span<ParsedStream* const> streams, std::span<uint32_t* const> outs) {
+  size_t k = 0;
+#if defined(__x86_64__)
+  if (simd::Avx2()) {
+    // Group 8-lane rANS streams kGroup at a time.
+    constexpr int kGroup = 8;  // measured: 2, 4, 8 streams gave 510, 770, 850 M symbols/s
+    ParsedStream* group[kGroup];
+    uint32_t* group_out[kGroup];
+    int pending = 0;
+    for (; k < streams.size(); ++k) {
+      ParsedStream& s = *streams[k];
+      if (s.mode != kModeRans || s.lanes != 8) {
+        CG_RETURN_IF_ERROR(DecodeOne(s, outs[k], 0, 0));
+        continue;
+      }
+      group[pending] = &s;
+      group_out[pending] = outs[k];
+      if (++pending < kGroup) continue;
+      size_t syms[kGroup], words[kGroup];
+      DecodeGroupAvx2<kGroup>(group, group_out, syms, words);
+      for (int g = 0; g < kGroup; ++g) CG_RETURN_IF_ERROR(DecodeOne(*group[g], group_out[g], syms[g], words[g]));
+      pending = 0;
+    }
+    for (int g = 0; g < pending; ++g) CG_RETURN_IF_ERROR(DecodeOne(*group[g], group_out[g], 0, 0));
+    return Status::Ok();
+  }
+#endif
+  for (; k < streams.size(); ++k) CG_RETURN_IF_ERROR(DecodeOne(*streams[k], outs[k], 0, 0));
+  return Status::Ok();
+}
+
+Status DecodeStream(ByteReader& in, std::span<uint32_t> out) {
+  ParsedStream s;
+  CG_RETURN_IF_ERROR(ParseStream(in, out.size(), &s));
+  ParsedStream* ps = &s;
+  uint32_t* po = out.data();
+  return DecodeParsed(std::span<ParsedStream* const>(&ps, 1), std::span<uint32_t* const>(&po, 1));
 }
 
 }  // namespace cachegen::rans

@@ -44,4 +44,24 @@ uint64_t EstimateStreamBytes(std::span<const uint64_t> histogram, const EncodeOp
 // any malformed table, payload or escape data is a kCorrupt Status.
 Status DecodeStream(ByteReader& in, std::span<uint32_t> out);
 
+// The same in two steps, so a caller can decode several streams together
+// (the AVX2 decoder interleaves pairs of 8-lane streams to hide latency).
+// ParseStream validates the header of a stream of n symbols, builds its
+// decode table and keeps spans into `in`'s bytes (which must outlive it).
+struct ParsedStream {
+  alignas(64) uint32_t table[kProbScale];  // symbol | (freq-1) << 8 | slot offset << 20
+  alignas(32) uint32_t state[kMaxLanes];
+  size_t n = 0;
+  uint8_t mode = 0;
+  uint32_t constant = 0;  // constant mode
+  uint32_t escape = 0;    // rANS mode: escape symbol E, lanes, areas
+  bool escape_used = false;
+  uint32_t lanes = 0;
+  std::span<const uint8_t> esc, payload;
+};
+Status ParseStream(ByteReader& in, size_t n, ParsedStream* s);
+// Decodes each parsed stream into outs[k] (streams[k]->n symbols). Every
+// payload check of DecodeStream applies; the first failure is returned.
+Status DecodeParsed(std::span<ParsedStream* const> streams, std::span<uint32_t* const> outs);
+
 }  // namespace cachegen::rans

@@ -140,6 +140,13 @@ class CacheGenCodec final : public Codec {
     return DecodeCacheGenSection(MakeLayout(ctx.shape, p, ctx.token_start, ctx.context_tokens), payload, out);
   }
 
+  Status DecodeSectionToView(const SectionContext& ctx, std::span<const uint8_t> payload, const KVView& out,
+                             std::vector<float>&) const override {
+    CG_ASSIGN_OR_RETURN(const Params p, ReadParams(ctx.params, ctx.shape.head_dim));
+    return DecodeCacheGenSection(MakeLayout(ctx.shape, p, ctx.token_start, ctx.context_tokens), payload,
+                                 SectionSink{out, ctx.layer, ctx.kv});
+  }
+
  private:
   using Analyses = std::vector<std::optional<SectionAnalysis>>;
 

@@ -1,13 +1,20 @@
 #include "codec/cachegen/section_coder.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 
 #include "codec/cachegen/hadamard.h"
 #include "codec/rans.h"
 #include "common/bytes.h"
+#include "common/convert.h"
 #include "common/half.h"
+#include "common/simd.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace cachegen {
 namespace {
@@ -203,9 +210,77 @@ void SectionAnalysis::Encode(float step, bool use_delta, std::vector<uint8_t>* o
   for (float v : exact_) w.U16(F32ToF16(v));
 }
 
-Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> payload, std::span<float> out) {
+namespace {
+
+// Dequantization: out[d] = pred[d] + float(UnZigZag(sym[d])) * st[d], in
+// exactly that float arithmetic (a multiply, then an add: no FMA).
+void DequantScalar(const uint32_t* sym, const float* pred, const float* st, float* out, uint32_t n) {
+  for (uint32_t d = 0; d < n; ++d) out[d] = pred[d] + static_cast<float>(UnZigZag(sym[d])) * st[d];
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) void DequantAvx2(const uint32_t* sym, const float* pred, const float* st, float* out,
+                                                 uint32_t n) {
+  uint32_t d = 0;
+  const __m256i one = _mm256_set1_epi32(1);
+  for (; d + 8 <= n; d += 8) {
+    const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sym + d));
+    const __m256i q = _mm256_xor_si256(_mm256_srli_epi32(u, 1), _mm256_sub_epi32(_mm256_setzero_si256(),
+                                                                                 _mm256_and_si256(u, one)));
+    const __m256 prod = _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_loadu_ps(st + d));
+    _mm256_storeu_ps(out + d, _mm256_add_ps(_mm256_loadu_ps(pred + d), prod));
+  }
+  DequantScalar(sym + d, pred + d, st + d, out + d, n - d);
+}
+#endif
+
+using DequantFn = void (*)(const uint32_t*, const float*, const float*, float*, uint32_t);
+
+DequantFn PickDequant() {
+#if defined(__x86_64__)
+  if (simd::Avx2()) return &DequantAvx2;
+#endif
+  return &DequantScalar;
+}
+
+// The 256 channel scales a code can name, computed once with SigmaFromCode.
+const std::array<float, 256>& SigmaTable() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t{};
+    for (int c = 0; c < 256; ++c) t[c] = SigmaFromCode(static_cast<uint8_t>(c));
+    return t;
+  }();
+  return table;
+}
+
+// Per-thread buffers reused across sections (grown, never shrunk or cleared:
+// every element used is written first).
+struct DecodeScratch {
+  std::vector<rans::ParsedStream> streams;
+  std::vector<uint32_t> symbols;
+  std::vector<float> sigma, mean, st, st_recent, anchor, row;
+};
+
+DecodeScratch& Scratch() {
+  thread_local DecodeScratch s;
+  return s;
+}
+
+template <typename T>
+T* Grow(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+  return v.data();
+}
+
+// Heads whose streams are decoded together before their rows are
+// reconstructed: 8 streams (what the AVX2 rANS decoder interleaves) while the
+// symbols stay within the L2 cache.
+constexpr uint32_t kHeadBatch = 4;
+
+}  // namespace
+
+Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> payload, const SectionSink& sink) {
   const uint32_t H = l.kv_heads, D = l.head_dim, C = l.channels(), tq = l.quantized_tokens();
-  if (out.size() != size_t{l.tokens} * C) return Status::Internal("cachegen section: output size mismatch");
   ByteReader r(payload);
   const uint8_t flags = r.U8();
   const float step = r.F32();
@@ -214,61 +289,112 @@ Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> pa
   if (flags > 1) return Status::Corrupt("cachegen section: unknown flags " + std::to_string(flags));
   if (!(step > 0) || !std::isfinite(step) || step > 1e30f) return Status::Corrupt("cachegen section: invalid step");
   const bool use_delta = flags & 1;
-  std::vector<float> sigma(C), mean(C), st(C);
+  DecodeScratch& sc = Scratch();
+  float* sigma = Grow(sc.sigma, C);
+  float* mean = Grow(sc.mean, C);
+  const std::array<float, 256>& sigma_table = SigmaTable();
   for (uint32_t c = 0; c < C; ++c) {
-    sigma[c] = SigmaFromCode(sigma_codes[c]);
+    sigma[c] = sigma_table[sigma_codes[c]];
     const uint64_t z = r.Varint();
     if (!r.ok() || z > (uint64_t{1} << 31)) return Status::Corrupt("cachegen section: invalid channel mean");
     mean[c] = static_cast<float>(UnZigZag(static_cast<uint32_t>(z))) * (sigma[c] / kMeanUnitsPerSigma);
   }
-  const StreamCounts counts = CountStreams(l, use_delta);
-  std::vector<std::vector<uint32_t>> streams(size_t{H} * 2);
-  for (uint32_t h = 0; h < H; ++h) {
-    streams[2 * h].resize(size_t{counts.anchors} * D);
-    CG_RETURN_IF_ERROR(rans::DecodeStream(r, streams[2 * h]));
-    if (use_delta) {
-      streams[2 * h + 1].resize(size_t{counts.deltas} * D);
-      CG_RETURN_IF_ERROR(rans::DecodeStream(r, streams[2 * h + 1]));
-    }
+  // Steps of the older and of the recent tokens (TokenStep), per channel.
+  float* st = Grow(sc.st, C);
+  float* st_recent = Grow(sc.st_recent, C);
+  const float step_recent = TokenStep(l, step, l.recent_begin);
+  for (uint32_t c = 0; c < C; ++c) {
+    st[c] = sigma[c] * step;
+    st_recent[c] = sigma[c] * step_recent;
   }
 
-  // Reconstruct exactly as the encoder's Quantize() did.
+  const StreamCounts counts = CountStreams(l, use_delta);
+  const size_t na = size_t{counts.anchors} * D, nd = size_t{counts.deltas} * D;
+  const uint32_t per_head = use_delta ? 2 : 1;
+  const uint32_t batch = std::min(H, kHeadBatch);
+  Grow(sc.streams, size_t{batch} * 2);
+  uint32_t* symbols = Grow(sc.symbols, size_t{batch} * (na + nd));
+  float* anchor = Grow(sc.anchor, D);
+  float* row = Grow(sc.row, D);
+  const DequantFn dequant = PickDequant();
   const uint32_t G = use_delta ? l.group_tokens : 1;
-  std::vector<size_t> cursor(size_t{H} * 2, 0);
-  std::vector<float> anchor(C);
-  float st_for = -1;
-  for (uint32_t g0 = 0; g0 < tq; g0 += G) {
-    for (uint32_t t = g0; t < std::min(g0 + G, tq); ++t) {
-      const float ts = TokenStep(l, step, t);
-      if (ts != st_for) {
-        for (uint32_t c = 0; c < C; ++c) st[c] = sigma[c] * ts;
-        st_for = ts;
+
+  for (uint32_t h0 = 0; h0 < H; h0 += batch) {
+    const uint32_t hn = std::min(batch, H - h0);
+    rans::ParsedStream* ps[2 * kHeadBatch];
+    uint32_t* po[2 * kHeadBatch];
+    uint32_t k = 0;
+    for (uint32_t h = 0; h < hn; ++h) {
+      uint32_t* base = symbols + size_t{h} * (na + nd);
+      ps[k] = &sc.streams[k];
+      po[k] = base;
+      CG_RETURN_IF_ERROR(rans::ParseStream(r, na, ps[k++]));
+      if (use_delta) {
+        ps[k] = &sc.streams[k];
+        po[k] = base + na;
+        CG_RETURN_IF_ERROR(rans::ParseStream(r, nd, ps[k++]));
       }
-      const bool is_delta = t != g0;
-      float* row = &out[size_t{t} * C];
-      for (uint32_t h = 0; h < H; ++h) {
-        const uint32_t* sym = &streams[2 * h + is_delta][cursor[2 * h + is_delta]];
-        cursor[2 * h + is_delta] += D;
-        for (uint32_t d = 0; d < D; ++d) {
-          const uint32_t c = h * D + d;
-          const float pred = is_delta ? anchor[c] : mean[c];
-          const float rec = pred + static_cast<float>(UnZigZag(sym[d])) * st[c];
-          if (!is_delta) anchor[c] = rec;
-          row[c] = rec;
+    }
+    CG_RETURN_IF_ERROR(rans::DecodeParsed(std::span(ps, size_t{hn} * per_head), std::span(po, size_t{hn} * per_head)));
+
+    // Reconstruct exactly as the encoder's Quantize() did, head by head.
+    for (uint32_t h = 0; h < hn; ++h) {
+      const uint32_t head = h0 + h;
+      const size_t c0 = size_t{head} * D;
+      const uint32_t* asym = symbols + size_t{h} * (na + nd);
+      const uint32_t* dsym = asym + na;
+      for (uint32_t g0 = 0; g0 < tq; g0 += G) {
+        const uint32_t g1 = std::min(g0 + G, tq);
+        for (uint32_t t = g0; t < g1; ++t) {
+          const float* stt = (t >= l.recent_begin ? st_recent : st) + c0;
+          float* rec = t == g0 ? anchor : row;
+          if (t == g0) {
+            dequant(asym, mean + c0, stt, anchor, D);
+            asym += D;
+          } else {
+            dequant(dsym, anchor, stt, row, D);
+            dsym += D;
+          }
+          if (l.rotate) {
+            if (rec == anchor) {
+              std::memcpy(row, anchor, size_t{D} * sizeof(float));
+              rec = row;
+            }
+            HadamardInPlace(rec, D);
+          }
+          sink.Store(t, head, rec);
         }
       }
     }
   }
-  if (l.rotate)
-    for (uint32_t t = 0; t < tq; ++t)
-      for (uint32_t h = 0; h < H; ++h) HadamardInPlace(&out[size_t{t} * C + size_t{h} * D], D);
 
   const size_t exact_values = size_t{l.tokens - tq} * C;
   if (r.remaining() != exact_values * 2)
     return Status::Corrupt("cachegen section: " + std::to_string(r.remaining()) + " trailing bytes, expected " +
                            std::to_string(exact_values * 2));
-  for (size_t i = 0; i < exact_values; ++i) out[size_t{tq} * C + i] = F16ToF32(r.U16());
+  for (uint32_t t = tq; t < l.tokens; ++t)
+    for (uint32_t h = 0; h < H; ++h) {
+      for (uint32_t d = 0; d < D; ++d) row[d] = F16ToF32(r.U16());
+      sink.Store(t, h, row);
+    }
   return Status::Ok();
+}
+
+void SectionSink::Store(uint32_t token, uint32_t head, const float* values) const {
+  const uint32_t D = view.shape().head_dim;
+  if (view.strides().dim == 1) {
+    StoreRow(view.dtype(), values, D, view.Pointer(layer, kv, token, head, 0));
+  } else {
+    for (uint32_t d = 0; d < D; ++d) view.Set(layer, kv, token, head, d, values[d]);
+  }
+}
+
+Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> payload, std::span<float> out) {
+  const uint64_t C = l.channels();
+  if (out.size() != size_t{l.tokens} * C) return Status::Internal("cachegen section: output size mismatch");
+  const KVShape shape{1, l.kv_heads, l.head_dim, l.tokens};
+  const KVStrides strides{0, 0, static_cast<int64_t>(C), l.head_dim, 1};
+  return DecodeCacheGenSection(l, payload, SectionSink{KVView(out.data(), DType::kF32, shape, strides), 0, KV::kKey});
 }
 
 }  // namespace cachegen

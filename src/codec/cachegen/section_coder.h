@@ -13,6 +13,7 @@
 #include <span>
 #include <vector>
 
+#include "cachegen/kv.h"
 #include "cachegen/status.h"
 
 namespace cachegen {
@@ -67,7 +68,20 @@ class SectionAnalysis {
   size_t side_info_bytes_ = 0;  // flags, step, scale and mean codes
 };
 
-// Decodes a payload written by SectionAnalysis::Encode into rows [tokens][channels].
+// Where decoded rows go: section (layer, kv) of a view, any dtype/strides.
+struct SectionSink {
+  KVView view;
+  uint32_t layer = 0;
+  KV kv = KV::kKey;
+  // Writes the head_dim values of (token, head), converted to the view's dtype.
+  void Store(uint32_t token, uint32_t head, const float* values) const;
+};
+
+// Decodes a payload written by SectionAnalysis::Encode straight into the
+// sink (one pass: rANS, dequantize, closed-loop deltas, dtype conversion).
+// On error the sink's section may be partly written.
+Status DecodeCacheGenSection(const SectionLayout& layout, std::span<const uint8_t> payload, const SectionSink& sink);
+// The same into rows [tokens][channels] of f32.
 Status DecodeCacheGenSection(const SectionLayout& layout, std::span<const uint8_t> payload, std::span<float> out);
 
 }  // namespace cachegen

@@ -1,0 +1,88 @@
+#include "common/convert.h"
+
+#include <cstring>
+
+#include "common/half.h"
+#include "common/simd.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace cachegen {
+namespace {
+
+// dst may be any byte address (engine memory): stores go through memcpy.
+void StoreF16Scalar(const float* s, size_t n, uint8_t* d) {
+  for (size_t i = 0; i < n; ++i) {
+    const uint16_t h = F32ToF16(s[i]);
+    std::memcpy(d + 2 * i, &h, 2);
+  }
+}
+
+void StoreBF16Scalar(const float* s, size_t n, uint8_t* d) {
+  for (size_t i = 0; i < n; ++i) {
+    const uint16_t h = F32ToBF16(s[i]);
+    std::memcpy(d + 2 * i, &h, 2);
+  }
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2,f16c"))) void StoreF16Avx2(const float* s, size_t n, uint8_t* d) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(s + i);
+    const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+    if (!_mm256_testz_ps(nan, nan)) {  // F32ToF16 drops NaN payloads; F16C keeps them
+      StoreF16Scalar(s + i, 8, d + 2 * i);
+      continue;
+    }
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 2 * i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+  }
+  StoreF16Scalar(s + i, n - i, d + 2 * i);
+}
+
+__attribute__((target("avx2"))) inline __m256i ToBF16Avx2(__m256 v) {
+  const __m256i x = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(x, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+  const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(0x40));
+  const __m256i is_nan =
+      _mm256_cmpgt_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+  return _mm256_blendv_epi8(rounded, quiet, is_nan);
+}
+
+__attribute__((target("avx2"))) void StoreBF16Avx2(const float* s, size_t n, uint8_t* d) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i a = ToBF16Avx2(_mm256_loadu_ps(s + i));
+    const __m256i b = ToBF16Avx2(_mm256_loadu_ps(s + i + 8));
+    // packus works per 128-bit half: [a0-3 b0-3 a4-7 b4-7]; restore order.
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xd8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + 2 * i), packed);
+  }
+  StoreBF16Scalar(s + i, n - i, d + 2 * i);
+}
+#endif
+
+}  // namespace
+
+void StoreRow(DType dtype, const float* src, size_t n, void* dst) {
+  switch (dtype) {
+    case DType::kF32:
+      std::memcpy(dst, src, n * sizeof(float));
+      return;
+    case DType::kF16:
+#if defined(__x86_64__)
+      if (simd::Avx2()) return StoreF16Avx2(src, n, static_cast<uint8_t*>(dst));
+#endif
+      return StoreF16Scalar(src, n, static_cast<uint8_t*>(dst));
+    case DType::kBF16:
+#if defined(__x86_64__)
+      if (simd::Avx2()) return StoreBF16Avx2(src, n, static_cast<uint8_t*>(dst));
+#endif
+      return StoreBF16Scalar(src, n, static_cast<uint8_t*>(dst));
+  }
+}
+
+}  // namespace cachegen
