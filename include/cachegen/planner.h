@@ -1,0 +1,101 @@
+// Deadline-aware quality-level planning for streaming a context's chunks.
+//
+// Pure logic (no I/O, no clocks): the caller reports what was delivered and
+// how much time has passed; the planner answers, for every chunk not yet
+// requested, which level to fetch or whether to recompute it from its text.
+//
+// Model. Chunks are fetched in order over one link of estimated bandwidth B
+// (bytes/s); recomputing a chunk of n tokens costs n / R seconds (R = the
+// engine's recompute speed, tokens/s, supplied by the caller; 0 = the engine
+// cannot recompute). Fetching and recomputing are counted one after the other
+// (a conservative bound). With time left `left`, the plan for the remaining
+// chunks must satisfy
+//     (outstanding bytes + planned bytes) / B + recompute tokens / R + tail <= left
+// where tail is the time to process the last chunk after it arrived (decode).
+// Among the plans that fit, it picks the best quality: the finest level L such
+// that every remaining chunk fits at L, then it upgrades as many chunks as the
+// slack allows to the next finer level, earliest chunks first. So it never
+// chooses a coarser level than the best fixed level that fits. When even the
+// coarsest level does not fit, chunks whose recompute is cheaper than their
+// coarsest fetch are moved to recompute (latest chunks first: they are the
+// ones that would arrive late) until the rest fits; if nothing makes the
+// deadline, the plan minimises the time (coarsest level, recompute where
+// cheaper) and reports feasible = false.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace cachegen {
+
+struct PlannerOptions {
+  double deadline_s = 1.0;               // from the start of the transfer
+  double recompute_tokens_per_s = 0;     // 0: never recompute
+  double initial_bandwidth_bytes_s = 0;  // prior estimate; 0 = unknown
+  double smoothing = 0.5;                // weight of the newest bandwidth sample (EWMA)
+  double safety = 0.9;                   // plan to use this share of the estimated bandwidth
+};
+
+// What is known of one chunk before fetching it.
+struct PlanChunk {
+  uint32_t tokens = 0;
+  std::vector<uint64_t> level_bytes;  // per level (0 = finest); 0 = level not available
+};
+
+struct ChunkDecision {
+  int level = -1;  // level to fetch; -1 = recompute
+  bool recompute() const { return level < 0; }
+};
+
+struct Plan {
+  std::vector<ChunkDecision> decisions;  // for chunks [first, size)
+  uint32_t first = 0;
+  bool feasible = false;  // the planned transfer is expected to end by the deadline
+  double expected_s = 0;  // expected time from now to the end
+};
+
+class LevelPlanner {
+ public:
+  LevelPlanner(std::vector<PlanChunk> chunks, PlannerOptions options);
+
+  // A bandwidth sample: `bytes` were delivered over `seconds` (aggregate
+  // goodput of the link, e.g. bytes since the previous completion over the
+  // time since it). Ignored when seconds <= 0.
+  void OnDelivered(uint64_t bytes, double seconds);
+  // Time to process a chunk after it arrived (decode), smoothed like bandwidth.
+  void OnProcessed(double seconds);
+
+  // Estimated bandwidth in bytes/s; 0 while unknown.
+  double bandwidth() const { return bandwidth_; }
+  double tail_s() const { return tail_s_; }
+
+  // The plan for chunks [first, n) at `elapsed_s` since the start, with
+  // `outstanding_bytes` requested but not yet delivered. While the bandwidth
+  // is unknown, the first chunk is fetched at its coarsest level alone (a
+  // probe) and the rest is left at that level too (callers replan after it).
+  Plan Replan(uint32_t first, double elapsed_s, uint64_t outstanding_bytes) const;
+
+  size_t size() const { return chunks_.size(); }
+  const PlanChunk& chunk(uint32_t i) const { return chunks_[i]; }
+
+  // Level actually used for chunk c when level l is asked: l if available,
+  // else the nearest coarser available, else the nearest finer; -1 if none.
+  int Resolve(uint32_t c, int level) const;
+  // Coarsest available level of chunk c; -1 if none.
+  int Coarsest(uint32_t c) const;
+  // Number of levels (the longest level_bytes).
+  int levels() const { return levels_; }
+
+ private:
+  uint64_t Bytes(uint32_t c, int level) const;  // at Resolve(c, level)
+
+  std::vector<PlanChunk> chunks_;
+  PlannerOptions options_;
+  int levels_ = 0;
+  double bandwidth_ = 0;
+  double tail_s_ = 0;
+  bool have_tail_ = false;
+};
+
+}  // namespace cachegen

@@ -1,0 +1,100 @@
+// The chunk service: a ChunkStore behind HTTP/1.1 (docs/SERVICE.md), its
+// client (a ChunkStore that talks to a service), and link emulation.
+//
+// Endpoints: PUT/GET/HEAD/DELETE /v1/chunks/{key}/{level}, POST /v1/lookup,
+// GET /healthz, GET /metrics (Prometheus text).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cachegen/status.h"
+#include "cachegen/store.h"
+
+namespace cachegen {
+
+// A piecewise-constant rate over time: step i holds from start_s on.
+struct RateStep {
+  double start_s = 0;
+  double bytes_per_s = 0;  // > 0
+};
+
+// Parses a rate ("1gbit", "100mbit", "0.1gbit", "64kbit", "5000bit"; SI
+// prefixes, bits per second) into bytes per second.
+Result<double> ParseRate(std::string_view text);
+// Parses a trace: comma-separated "RATE[@SECONDS]" steps with increasing
+// start times, the first at 0 ("10gbit,0.1gbit@0.5": 10 Gbit/s, then 0.1 from 0.5 s).
+Result<std::vector<RateStep>> ParseRateTrace(std::string_view text);
+
+// A token bucket whose rate follows a trace, timed from construction or
+// Restart(). Acquire blocks the caller until `bytes` may pass. The bucket
+// holds at most `burst_bytes` of unused credit. Thread-safe: one shaper
+// shared by several connections emulates one link they share.
+class LinkShaper {
+ public:
+  explicit LinkShaper(std::vector<RateStep> trace, uint64_t burst_bytes = 64 * 1024);
+  void Restart();
+  void Acquire(uint64_t bytes);
+  double RateAt(double t_s) const;  // bytes/s at t seconds after the start
+
+ private:
+  std::vector<RateStep> trace_;
+  double burst_;
+  std::mutex mu_;
+  std::chrono::steady_clock::time_point start_;
+  double next_free_s_ = 0;  // time (since start) the link is free again
+};
+
+struct ServiceOptions {
+  std::string host = "127.0.0.1";
+  int port = 0;  // 0: an ephemeral port (see Service::port)
+  // Bearer token required for PUT and DELETE (and reads with auth_reads).
+  // Empty: no authentication at all.
+  std::string token;
+  bool auth_reads = false;
+  uint64_t max_body_bytes = 64ull << 20;  // larger PUT/lookup bodies get 413
+  int read_timeout_ms = 5000;             // a client that stalls longer is dropped
+  int write_timeout_ms = 5000;
+  uint32_t threads = 64;  // connections served at once
+  // Per connection: GET bodies are sent through a token bucket following this
+  // trace (timed from the connection's first request). Empty: unlimited.
+  std::vector<RateStep> connection_rate;
+  // One bucket shared by every connection (a link), in addition; may be null.
+  std::shared_ptr<LinkShaper> link;
+};
+
+class Service {
+ public:
+  // Binds and starts serving `store` (not owned; must outlive the Service)
+  // on background threads. kIOError when the address cannot be bound.
+  static Result<std::unique_ptr<Service>> Start(ChunkStore* store, const ServiceOptions& options);
+  virtual ~Service() = default;
+  virtual int port() const = 0;
+  // Stops accepting and waits for the serving threads. Idempotent.
+  virtual void Stop() = 0;
+  // Blocks until Stop() is called (from another thread or a signal handler).
+  virtual void Wait() = 0;
+  virtual std::string MetricsText() const = 0;
+};
+
+struct ClientOptions {
+  std::string token;  // sent as "Authorization: Bearer <token>" when not empty
+  int connect_timeout_ms = 2000;
+  int read_timeout_ms = 10000;
+  int write_timeout_ms = 10000;
+};
+
+// A ChunkStore backed by a cachegen service at `url` ("http://host:port").
+// Thread-safe: concurrent calls use separate keep-alive connections. Reads
+// are checked with InspectFrame (payload checksums are verified on decode);
+// a frame that fails is a miss counted in stats().corrupt. HTTP 404 is
+// kNotFound; 401/403 and other 4xx are kInvalidArgument; network failures
+// and 5xx are kIOError. LookupPrefix on this store is one POST /v1/lookup.
+Result<std::unique_ptr<ChunkStore>> ConnectService(const std::string& url, const ClientOptions& options = {});
+
+}  // namespace cachegen

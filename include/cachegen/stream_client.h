@@ -1,0 +1,84 @@
+// StreamClient: fetch a context's cached chunks from a ChunkStore (a local
+// backend, or a service through ConnectService) under a deadline, adapting
+// each chunk's quality level to the measured bandwidth (LevelPlanner).
+//
+// Fetch looks up the longest cached prefix, then requests chunks in order
+// with up to `inflight` requests outstanding, decodes chunk i while later
+// chunks are in flight, and hands each decoded chunk to the callback in chunk
+// order as soon as it is ready, so an engine can inject progressively. Chunks
+// the planner gives up on (they cannot arrive in time even at the coarsest
+// level and recomputing them is cheaper) and chunks that fail (missing,
+// corrupt, unreachable) are not delivered: they are returned in `recompute`.
+// Nothing undecodable is ever delivered.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cachegen/codec.h"
+#include "cachegen/kv.h"
+#include "cachegen/planner.h"
+#include "cachegen/status.h"
+#include "cachegen/store.h"
+#include "cachegen/stream.h"
+
+namespace cachegen {
+
+struct StreamOptions {
+  double deadline_ms = 1000;           // from the call to Fetch
+  double recompute_tokens_per_s = 0;   // engine's prefill speed; 0 = never plan recompute
+  uint32_t inflight = 4;               // requests outstanding at once (>= 1)
+  int fixed_level = -1;                // >= 0: always this level (no adaptation; a baseline)
+  double initial_bandwidth_bytes_s = 0;  // prior; 0 = unknown (first chunk probes at the coarsest level)
+  double smoothing = 0.5;              // EWMA weight of the newest bandwidth sample
+  double safety = 0.9;                 // share of the estimated bandwidth the plan may use
+  uint32_t levels = kMaxChunkLevels;   // levels to look up per chunk
+  uint32_t decode_threads = 1;
+  DType dtype = DType::kF16;           // dtype of the delivered tensors
+};
+
+struct StreamedChunk {
+  uint32_t index = 0;  // chunk index in the request
+  uint32_t level = 0;
+  uint32_t token_start = 0;  // from the frame header
+  uint64_t bytes = 0;        // frame bytes fetched
+  const KVTensor* kv = nullptr;  // valid during the callback only
+};
+using ChunkCallback = std::function<void(const StreamedChunk&)>;
+
+struct StreamResult {
+  uint32_t requested = 0;  // chunks asked for
+  uint32_t cached = 0;     // length of the cached prefix found by the lookup
+  std::vector<int> levels;  // per cached chunk: level delivered, -1 = not delivered (recompute)
+  std::vector<uint32_t> recompute;  // chunk indices (< cached) the engine must recompute
+  std::vector<std::string> errors;  // one line per chunk that failed to fetch or decode
+  uint64_t bytes = 0;               // frame bytes fetched
+  double elapsed_ms = 0;            // lookup to last delivery
+  bool deadline_met = false;
+  double bandwidth_bytes_s = 0;  // final estimate
+};
+
+class StreamClient {
+ public:
+  // `store` is not owned and must outlive the client; it must be thread-safe
+  // (every ChunkStore is).
+  explicit StreamClient(ChunkStore* store) : store_(store) {}
+
+  // Streams the chunks `keys` (chunk i holds chunk_tokens[i] tokens: the
+  // recompute cost). Non-ok only for unusable arguments; per-chunk failures
+  // are in the result.
+  Result<StreamResult> Fetch(std::span<const ChunkKey> keys, std::span<const uint32_t> chunk_tokens,
+                             const StreamOptions& options, const ChunkCallback& on_chunk) const;
+
+  // The same for a token sequence: keys from ChunkKeys(root, tokens, chunk_size).
+  Result<StreamResult> FetchTokens(const ChunkKey& root, std::span<const TokenId> tokens, uint32_t chunk_size,
+                                   const StreamOptions& options, const ChunkCallback& on_chunk) const;
+
+ private:
+  ChunkStore* store_;
+};
+
+}  // namespace cachegen

@@ -1,0 +1,202 @@
+// ChunkStore over the HTTP chunk service (ConnectService in include/cachegen/service.h).
+#include <httplib.h>
+
+#include <atomic>
+#include <charconv>
+#include <nlohmann/json.hpp>
+
+#include "cachegen/codec.h"
+#include "cachegen/service.h"
+#include "stream/lookup.h"
+
+namespace cachegen {
+namespace {
+
+class HttpStore final : public ChunkStore, public PrefixLookupProvider {
+ public:
+  HttpStore(std::string url, std::string host, int port, ClientOptions options)
+      : url_(std::move(url)), host_(std::move(host)), port_(port), options_(std::move(options)) {}
+
+  Status Put(const ChunkKey& key, uint32_t level, std::span<const uint8_t> frame) override {
+    auto c = Take();
+    auto res = c->Put(Path(key, level), Headers(), reinterpret_cast<const char*>(frame.data()), frame.size(),
+                      "application/octet-stream");
+    Give(std::move(c), res);
+    if (!res) return NetError(res.error());
+    if (res->status != 201 && res->status != 200 && res->status != 204) return HttpError(*res);
+    puts_++;
+    bytes_written_ += frame.size();
+    return Status::Ok();
+  }
+
+  Result<std::vector<uint8_t>> Get(const ChunkKey& key, uint32_t level) override {
+    auto c = Take();
+    auto res = c->Get(Path(key, level), Headers());
+    Give(std::move(c), res);
+    if (!res) {
+      misses_++;
+      return NetError(res.error());
+    }
+    if (res->status != 200) {
+      misses_++;
+      return HttpError(*res);
+    }
+    std::vector<uint8_t> bytes(res->body.begin(), res->body.end());
+    Result<FrameInfo> info = InspectFrame(bytes);
+    if (!info.ok() || info->level != level || info->bytes != bytes.size()) {
+      misses_++;
+      corrupt_++;
+      return Status::NotFound("chunk " + key.Hex() + "/" + std::to_string(level) + " from " + url_ +
+                              " failed verification");
+    }
+    hits_++;
+    bytes_read_ += bytes.size();
+    return bytes;
+  }
+
+  Result<uint64_t> Size(const ChunkKey& key, uint32_t level) override {
+    auto c = Take();
+    auto res = c->Head(Path(key, level), Headers());
+    Give(std::move(c), res);
+    if (!res) return NetError(res.error());
+    if (res->status != 200) return HttpError(*res);
+    const std::string v = res->get_header_value("X-Chunk-Bytes");
+    uint64_t n = 0;
+    auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+    if (v.empty() || ec != std::errc() || p != v.data() + v.size())
+      return Status::IOError("service " + url_ + ": HEAD without X-Chunk-Bytes");
+    return n;
+  }
+
+  Status Delete(const ChunkKey& key, uint32_t level) override {
+    auto c = Take();
+    auto res = c->Delete(Path(key, level), Headers());
+    Give(std::move(c), res);
+    if (!res) return NetError(res.error());
+    if (res->status != 204 && res->status != 200 && res->status != 404) return HttpError(*res);
+    return Status::Ok();
+  }
+
+  StoreStats stats() const override {
+    StoreStats s;
+    s.puts = puts_;
+    s.hits = hits_;
+    s.misses = misses_;
+    s.corrupt = corrupt_;
+    s.bytes_written = bytes_written_;
+    s.bytes_read = bytes_read_;
+    return s;
+  }
+
+  std::string uri() const override { return url_; }
+
+  Result<std::vector<CachedChunk>> LookupPrefixBatch(std::span<const ChunkKey> keys, uint32_t levels) override {
+    nlohmann::json req;
+    nlohmann::json hex = nlohmann::json::array();
+    for (const ChunkKey& k : keys) hex.push_back(k.Hex());
+    req["keys"] = std::move(hex);
+    req["levels"] = levels;
+    auto c = Take();
+    auto res = c->Post("/v1/lookup", Headers(), req.dump(), "application/json");
+    Give(std::move(c), res);
+    if (!res) return NetError(res.error());
+    if (res->status != 200) return HttpError(*res);
+    nlohmann::json out = nlohmann::json::parse(res->body, nullptr, false);
+    if (out.is_discarded() || !out.is_object() || !out.contains("chunks") || !out["chunks"].is_array())
+      return Status::IOError("service " + url_ + ": malformed lookup answer");
+    std::vector<CachedChunk> found;
+    for (const auto& c : out["chunks"]) {
+      if (found.size() >= keys.size() || !c.is_object() || !c.contains("key") || !c["key"].is_string() ||
+          !c.contains("sizes") || !c["sizes"].is_array() || c["sizes"].size() > kMaxChunkLevels)
+        return Status::IOError("service " + url_ + ": malformed lookup answer");
+      Result<ChunkKey> key = ChunkKey::FromHex(c["key"].get<std::string>());
+      if (!key.ok() || *key != keys[found.size()])
+        return Status::IOError("service " + url_ + ": lookup answered other keys");
+      CachedChunk chunk;
+      chunk.key = *key;
+      for (const auto& s : c["sizes"]) {
+        if (!s.is_number_unsigned()) return Status::IOError("service " + url_ + ": malformed lookup answer");
+        chunk.level_bytes.push_back(s.get<uint64_t>());
+      }
+      found.push_back(std::move(chunk));
+    }
+    return found;
+  }
+
+ private:
+  static std::string Path(const ChunkKey& key, uint32_t level) {
+    return "/v1/chunks/" + key.Hex() + "/" + std::to_string(level);
+  }
+
+  httplib::Headers Headers() const {
+    httplib::Headers h;
+    if (!options_.token.empty()) h.emplace("Authorization", "Bearer " + options_.token);
+    return h;
+  }
+
+  // A keep-alive connection from the pool (or a new one).
+  std::unique_ptr<httplib::Client> Take() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!pool_.empty()) {
+        auto c = std::move(pool_.back());
+        pool_.pop_back();
+        return c;
+      }
+    }
+    auto c = std::make_unique<httplib::Client>(host_, port_);
+    c->set_keep_alive(true);
+    c->set_tcp_nodelay(true);
+    c->set_connection_timeout(std::chrono::milliseconds(options_.connect_timeout_ms));
+    c->set_read_timeout(std::chrono::milliseconds(options_.read_timeout_ms));
+    c->set_write_timeout(std::chrono::milliseconds(options_.write_timeout_ms));
+    return c;
+  }
+  // Returns a connection to the pool unless its request failed.
+  void Give(std::unique_ptr<httplib::Client> c, const httplib::Result& res) {
+    if (!res) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (pool_.size() < 64) pool_.push_back(std::move(c));
+  }
+
+  Status NetError(httplib::Error e) const {
+    return Status::IOError("service " + url_ + ": " + httplib::to_string(e));
+  }
+  Status HttpError(const httplib::Response& r) const {
+    std::string msg = "service " + url_ + ": HTTP " + std::to_string(r.status);
+    nlohmann::json body = nlohmann::json::parse(r.body, nullptr, false);
+    if (body.is_object() && body.contains("error") && body["error"].is_string())
+      msg += ": " + body["error"].get<std::string>();
+    if (r.status == 404) return Status::NotFound(msg);
+    if (r.status >= 400 && r.status < 500) return Status::InvalidArgument(msg);
+    return Status::IOError(msg);
+  }
+
+  std::string url_, host_;
+  int port_;
+  ClientOptions options_;
+  std::mutex mu_;
+  std::vector<std::unique_ptr<httplib::Client>> pool_;
+  std::atomic<uint64_t> puts_{0}, hits_{0}, misses_{0}, corrupt_{0}, bytes_written_{0}, bytes_read_{0};
+};
+
+}  // namespace
+
+Result<std::unique_ptr<ChunkStore>> ConnectService(const std::string& url, const ClientOptions& options) {
+  constexpr std::string_view kScheme = "http://";
+  if (url.compare(0, kScheme.size(), kScheme) != 0)
+    return Status::InvalidArgument("service URL '" + url + "' must start with http://");
+  std::string rest = url.substr(kScheme.size());
+  while (!rest.empty() && rest.back() == '/') rest.pop_back();
+  const size_t colon = rest.rfind(':');
+  if (colon == std::string::npos || colon == 0 || rest.find('/') != std::string::npos)
+    return Status::InvalidArgument("service URL '" + url + "' must be http://HOST:PORT");
+  const std::string host = rest.substr(0, colon), port_text = rest.substr(colon + 1);
+  int port = 0;
+  auto [p, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
+  if (ec != std::errc() || p != port_text.data() + port_text.size() || port <= 0 || port > 65535)
+    return Status::InvalidArgument("service URL '" + url + "': bad port");
+  return std::unique_ptr<ChunkStore>(std::make_unique<HttpStore>("http://" + rest, host, port, options));
+}
+
+}  // namespace cachegen

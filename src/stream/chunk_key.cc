@@ -1,0 +1,111 @@
+// Chunk key chain (include/cachegen/stream.h; byte layout in docs/SERVICE.md).
+#include <xxhash.h>
+
+#include <charconv>
+#include <cstring>
+
+#include "cachegen/stream.h"
+#include "common/bytes.h"
+#include "stream/lookup.h"
+
+namespace cachegen {
+namespace {
+
+ChunkKey FromHash(const std::vector<uint8_t>& bytes) {
+  const XXH128_hash_t h = XXH3_128bits(bytes.data(), bytes.size());
+  XXH128_canonical_t canon;
+  XXH128_canonicalFromHash(&canon, h);  // big-endian, platform independent
+  ChunkKey key;
+  std::memcpy(key.bytes.data(), canon.digest, 16);
+  return key;
+}
+
+}  // namespace
+
+ChunkKey ChainRoot(std::string_view model_fingerprint, std::string_view codec_profile, uint32_t chunk_tokens) {
+  std::vector<uint8_t> buf;
+  ByteWriter w(&buf);
+  constexpr std::string_view kTag = "cachegen-chunk-root-v1";
+  auto str = [&](std::string_view s) {
+    w.U64(s.size());
+    w.Bytes({reinterpret_cast<const uint8_t*>(s.data()), s.size()});
+  };
+  str(kTag);
+  str(model_fingerprint);
+  str(codec_profile);
+  w.U32(chunk_tokens);
+  return FromHash(buf);
+}
+
+ChunkKey NextChunkKey(const ChunkKey& previous, std::span<const TokenId> tokens) {
+  std::vector<uint8_t> buf;
+  buf.reserve(16 + 4 * tokens.size());
+  ByteWriter w(&buf);
+  w.Bytes(previous.bytes);
+  for (TokenId t : tokens) w.U32(static_cast<uint32_t>(t));
+  return FromHash(buf);
+}
+
+std::vector<ChunkKey> ChunkKeys(const ChunkKey& root, std::span<const TokenId> tokens, uint32_t chunk_tokens) {
+  std::vector<ChunkKey> keys;
+  if (chunk_tokens == 0) return keys;
+  ChunkKey prev = root;
+  for (size_t b = 0; b < tokens.size(); b += chunk_tokens) {
+    prev = NextChunkKey(prev, tokens.subspan(b, std::min<size_t>(chunk_tokens, tokens.size() - b)));
+    keys.push_back(prev);
+  }
+  return keys;
+}
+
+bool CachedChunk::any() const {
+  for (uint64_t b : level_bytes)
+    if (b > 0) return true;
+  return false;
+}
+
+std::vector<CachedChunk> LookupPrefix(ChunkStore& store, std::span<const ChunkKey> keys, uint32_t levels) {
+  levels = std::min(levels, kMaxChunkLevels);
+  if (auto* batch = dynamic_cast<PrefixLookupProvider*>(&store)) {
+    Result<std::vector<CachedChunk>> r = batch->LookupPrefixBatch(keys, levels);
+    if (r.ok()) return std::move(r).value();
+    return {};
+  }
+  std::vector<CachedChunk> out;
+  for (const ChunkKey& key : keys) {
+    CachedChunk c;
+    c.key = key;
+    c.level_bytes.assign(levels, 0);
+    for (uint32_t l = 0; l < levels; ++l) {
+      Result<uint64_t> size = store.Size(key, l);
+      if (size.ok()) c.level_bytes[l] = *size;
+    }
+    if (!c.any()) break;
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+Result<std::vector<TokenId>> ParseTokenIds(std::string_view text) {
+  std::vector<TokenId> ids;
+  size_t i = 0;
+  auto sep = [](char c) { return c == ',' || c == ' ' || c == '\t' || c == '\n' || c == '\r'; };
+  while (i < text.size()) {
+    if (sep(text[i])) {
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j < text.size() && !sep(text[j])) ++j;
+    const std::string_view tok = text.substr(i, j - i);
+    int64_t v = 0;
+    auto [p, ec] = std::from_chars(tok.data(), tok.data() + tok.size(), v);
+    if (ec != std::errc() || p != tok.data() + tok.size() || v < INT32_MIN || v > INT32_MAX)
+      return Status::InvalidArgument("bad token id '" + std::string(tok.substr(0, 32)) + "' (entry " +
+                                     std::to_string(ids.size() + 1) + ")");
+    ids.push_back(static_cast<TokenId>(v));
+    i = j;
+  }
+  return ids;
+}
+
+}  // namespace cachegen

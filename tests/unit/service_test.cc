@@ -1,0 +1,397 @@
+// The HTTP chunk service on a loopback port over mem:// and file:// stores:
+// auth, validation (nothing stored on 4xx), lookup, round trips through the
+// streaming client, corruption, metrics, rate limiting, slow clients.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "cachegen/service.h"
+#include "cachegen/store.h"
+#include "cachegen/stream.h"
+#include "cachegen/stream_client.h"
+#include "service_util.h"
+
+namespace cachegen {
+namespace {
+
+using namespace testing_service;
+namespace fs = std::filesystem;
+
+constexpr const char* kToken = "s3cret-token";
+
+class ServiceTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override { Restart({}); }
+  void TearDown() override {
+    Stop();
+    if (!dir_.empty()) fs::remove_all(dir_);
+  }
+  void Stop() {
+    client_.reset();  // closes its keep-alive connections first
+    if (service_) service_->Stop();
+    service_.reset();
+    store_.reset();
+  }
+  void Restart(ServiceOptions opts) {
+    Stop();
+    std::string uri = "mem://";
+    if (GetParam() == "file") {
+      if (dir_.empty()) dir_ = TempDir("cachegen-service-test");
+      uri = "file://" + dir_.string();
+    }
+    auto store = OpenStore(uri);
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    store_ = std::move(store).value();
+    opts.token = kToken;
+    if (opts.max_body_bytes == (64ull << 20)) opts.max_body_bytes = 1 << 20;
+    opts.threads = 8;
+    auto svc = Service::Start(store_.get(), opts);
+    ASSERT_TRUE(svc.ok()) << svc.status().ToString();
+    service_ = std::move(svc).value();
+    ClientOptions copts;
+    copts.token = kToken;
+    client_ = std::move(ConnectService(Url(), copts)).value();
+  }
+  std::string Url() const { return "http://127.0.0.1:" + std::to_string(service_->port()); }
+  int port() const { return service_->port(); }
+
+  // A valid level-0 frame of a small chunk.
+  std::vector<uint8_t> Frame(uint32_t level = 0) {
+    TestContext c = MakeContext(16);
+    c.config.levels = level + 1;
+    auto frames = Encoder::Create(c.config)->EncodeChunk(c.kv.view(), 0, 16);
+    EXPECT_TRUE(frames.ok());
+    return (*frames)[level];
+  }
+
+  std::string Put(const std::string& path, const std::vector<uint8_t>& body, const std::string& auth) {
+    std::string req = "PUT " + path + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n";
+    if (!auth.empty()) req += "Authorization: " + auth + "\r\n";
+    req += "Content-Length: " + std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n";
+    req.append(body.begin(), body.end());
+    return RawRequest(port(), req);
+  }
+
+  fs::path dir_;
+  std::unique_ptr<ChunkStore> store_;
+  std::unique_ptr<Service> service_;
+  std::unique_ptr<ChunkStore> client_;
+};
+
+const ChunkKey kKey = *ChunkKey::FromHex("00112233445566778899aabbccddeeff");
+const std::string kPath = "/v1/chunks/00112233445566778899aabbccddeeff/0";
+
+TEST_P(ServiceTest, WritesNeedTheBearerToken) {
+  const auto frame = Frame();
+  EXPECT_EQ(StatusOf(Put(kPath, frame, "")), 401);
+  EXPECT_EQ(StatusOf(Put(kPath, frame, "Bearer wrong")), 401);
+  EXPECT_EQ(StatusOf(Put(kPath, frame, "Basic s3cret-token")), 401);
+  EXPECT_EQ(StatusOf(Put(kPath, frame, std::string("Bearer ") + kToken + "x")), 401);
+  EXPECT_FALSE(store_->Size(kKey, 0).ok()) << "a refused write stored something";
+  EXPECT_EQ(StatusOf(Put(kPath, frame, std::string("Bearer ") + kToken)), 201);
+  ASSERT_TRUE(store_->Size(kKey, 0).ok());
+  // Reads are open by default; deletes are not.
+  EXPECT_EQ(StatusOf(RawRequest(port(), "GET " + kPath + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")), 200);
+  EXPECT_EQ(StatusOf(RawRequest(port(), "DELETE " + kPath + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")),
+            401);
+  EXPECT_TRUE(store_->Size(kKey, 0).ok());
+  EXPECT_TRUE(client_->Delete(kKey, 0).ok());
+  EXPECT_FALSE(store_->Size(kKey, 0).ok());
+
+  // --auth-reads: reads need it too.
+  ServiceOptions opts;
+  opts.auth_reads = true;
+  Restart(opts);
+  ASSERT_TRUE(client_->Put(kKey, 0, frame).ok());
+  EXPECT_EQ(StatusOf(RawRequest(port(), "GET " + kPath + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")), 401);
+  auto anon = ConnectService(Url());
+  ASSERT_TRUE(anon.ok());
+  EXPECT_EQ((*anon)->Get(kKey, 0).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(client_->Get(kKey, 0).ok());
+}
+
+TEST_P(ServiceTest, BadKeysLevelsAndBodiesAre4xxAndStoreNothing) {
+  const auto frame = Frame();
+  const std::string auth = std::string("Bearer ") + kToken;
+  for (std::string bad : {"/v1/chunks/0011/0", "/v1/chunks/00112233445566778899aabbccddeeffaa/0",
+                                 "/v1/chunks/g0112233445566778899aabbccddeeff/0",
+                                 "/v1/chunks/00112233445566778899aabbccddeeff/8",
+                                 "/v1/chunks/00112233445566778899aabbccddeeff/-1",
+                                 "/v1/chunks/00112233445566778899aabbccddeeff/x",
+                                 "/v1/chunks/00112233445566778899aabbccddeeff/",
+                                 "/v1/chunks//0"}) {
+    EXPECT_EQ(StatusOf(Put(bad, frame, auth)), 400) << bad;
+  }
+  // Not a frame; a frame of another level; a frame with trailing bytes; empty.
+  std::vector<uint8_t> junk(frame.size(), 0x5a);
+  EXPECT_EQ(StatusOf(Put(kPath, junk, auth)), 400);
+  EXPECT_EQ(StatusOf(Put("/v1/chunks/00112233445566778899aabbccddeeff/1", frame, auth)), 400);
+  auto longer = frame;
+  longer.push_back(0);
+  EXPECT_EQ(StatusOf(Put(kPath, longer, auth)), 400);
+  EXPECT_EQ(StatusOf(Put(kPath, {}, auth)), 400);
+  auto truncated = frame;
+  truncated.resize(frame.size() / 2);
+  EXPECT_EQ(StatusOf(Put(kPath, truncated, auth)), 400);
+  for (uint32_t l = 0; l < kMaxChunkLevels; ++l) EXPECT_FALSE(store_->Size(kKey, l).ok()) << l;
+  // Unknown endpoints.
+  EXPECT_EQ(StatusOf(RawRequest(port(), "GET /v2/x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")), 404);
+  // A garbage request line.
+  const int garbage = StatusOf(RawRequest(port(), "HELLO\r\n\r\n", true));
+  EXPECT_TRUE(garbage == 400 || garbage == 0) << garbage;
+}
+
+TEST_P(ServiceTest, OversizedBodiesAre413) {
+  ServiceOptions opts;
+  opts.read_timeout_ms = 300;
+  Restart(opts);
+  const std::string auth = std::string("Bearer ") + kToken;
+  std::vector<uint8_t> big((1 << 20) + 1, 1);
+  EXPECT_EQ(StatusOf(Put(kPath, big, auth)), 413);
+  EXPECT_FALSE(store_->Size(kKey, 0).ok());
+  // Also when the client lies about the length and never sends it.
+  const std::string req = "PUT " + kPath + " HTTP/1.1\r\nHost: x\r\nAuthorization: " + auth +
+                          "\r\nContent-Length: 100000000\r\n\r\nabc";
+  const std::string resp = RawRequest(port(), req, false, 5000);
+  EXPECT_TRUE(resp.empty() || StatusOf(resp) == 413) << resp.substr(0, 40);
+  EXPECT_FALSE(store_->Size(kKey, 0).ok());
+}
+
+TEST_P(ServiceTest, TruncatedAndStalledRequestsStoreNothing) {
+  ServiceOptions opts;
+  opts.read_timeout_ms = 300;
+  Restart(opts);
+  const auto frame = Frame();
+  const std::string head = "PUT " + kPath + " HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + kToken +
+                           "\r\nContent-Length: " + std::to_string(frame.size()) + "\r\n\r\n";
+  // Half the body, then the client closes its side.
+  std::string req = head;
+  req.append(frame.begin(), frame.begin() + static_cast<long>(frame.size() / 2));
+  const std::string resp = RawRequest(port(), req, true);
+  EXPECT_TRUE(resp.empty() || StatusOf(resp) >= 400) << resp.substr(0, 40);
+  // Half the body, then the client stalls: the server times out and drops it.
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string stalled = RawRequest(port(), req, false, 5000);  // no Connection: close
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(waited, 4.0) << "a stalled client was not dropped";
+  EXPECT_EQ(StatusOf(stalled), 400);
+  // Headers that never end.
+  const std::string partial = RawRequest(port(), "GET " + kPath + " HTTP/1.1\r\nHost: x\r\n", false, 5000);
+  EXPECT_TRUE(partial.empty() || StatusOf(partial) >= 400);
+  EXPECT_FALSE(store_->Size(kKey, 0).ok());
+}
+
+TEST_P(ServiceTest, HeadGetDeleteAndLookup) {
+  TestContext c = MakeContext(56);
+  auto enc = Encoder::Create(c.config);
+  ASSERT_TRUE(enc.ok());
+  auto put = PutContext(*client_, c.root, c.tokens, c.kv.view(), *enc);
+  ASSERT_TRUE(put.ok()) << put.status().ToString();
+  EXPECT_EQ(put->chunks, 4u);
+  EXPECT_EQ(put->frames, 12u);
+  const auto keys = ChunkKeys(c.root, c.tokens, c.chunk_tokens);
+  for (const auto& k : keys)
+    for (uint32_t l = 0; l < 3; ++l) {
+      auto a = client_->Size(k, l), b = store_->Size(k, l);
+      ASSERT_TRUE(a.ok() && b.ok());
+      EXPECT_EQ(*a, *b);
+    }
+  EXPECT_EQ(client_->Size(keys[0], 3).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(client_->Get(keys[0], 5).status().code(), StatusCode::kNotFound);
+
+  // Lookup by keys (the client's batch path) and by tokens (raw JSON).
+  auto found = LookupPrefix(*client_, keys, 4);
+  ASSERT_EQ(found.size(), 4u);
+  EXPECT_EQ(found[1].level_bytes.size(), 4u);
+  EXPECT_EQ(found[1].level_bytes[3], 0u);
+  EXPECT_EQ(found[1].level_bytes[2], *store_->Size(keys[1], 2));
+  nlohmann::json q{{"root", c.root.Hex()}, {"chunk_tokens", c.chunk_tokens}, {"tokens", c.tokens}, {"levels", 3}};
+  auto extended = c.tokens;
+  extended.insert(extended.end(), 40, 5);  // two more chunks, not cached
+  q["tokens"] = extended;
+  const std::string body = q.dump();
+  const std::string resp = RawRequest(port(), "POST /v1/lookup HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                                              "Content-Length: " + std::to_string(body.size()) +
+                                              "\r\nConnection: close\r\n\r\n" + body);
+  ASSERT_EQ(StatusOf(resp), 200) << resp;
+  auto j = nlohmann::json::parse(resp.substr(resp.find("\r\n\r\n") + 4));
+  EXPECT_EQ(j["cached"], 3);  // chunk 3 is partial in the stored context: its key differs now
+  EXPECT_EQ(j["requested"], 6);
+  EXPECT_EQ(j["chunks"][0]["key"], keys[0].Hex());
+  EXPECT_EQ(j["chunks"][0]["sizes"].size(), 3u);
+  for (const std::string& bad : {std::string("{"), std::string("[]"), std::string("{\"keys\":[\"zz\"]}"),
+                                 std::string("{\"keys\":\"x\"}"), std::string("{\"tokens\":[1,2]}"),
+                                 std::string("{\"root\":\"") + c.root.Hex() + "\",\"tokens\":[1,\"a\"]}",
+                                 std::string("{\"keys\":[],\"levels\":9}"), std::string("{}")}) {
+    const std::string r = RawRequest(port(), "POST /v1/lookup HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+                                                 std::to_string(bad.size()) + "\r\nConnection: close\r\n\r\n" + bad);
+    EXPECT_EQ(StatusOf(r), 400) << bad;
+  }
+
+  // Delete one level: lookups still find the chunk at the others.
+  ASSERT_TRUE(client_->Delete(keys[2], 0).ok());
+  EXPECT_TRUE(client_->Delete(keys[2], 0).ok()) << "deleting an absent entry is not an error";
+  found = LookupPrefix(*client_, keys, 3);
+  ASSERT_EQ(found.size(), 4u);
+  EXPECT_EQ(found[2].level_bytes[0], 0u);
+}
+
+// Every delivered chunk equals a direct decode of the frame encoded locally.
+void ExpectRoundTrip(ChunkStore& remote, const TestContext& c, int fixed_level) {
+  auto enc = Encoder::Create(c.config);
+  ASSERT_TRUE(enc.ok());
+  StreamOptions opts;
+  opts.deadline_ms = 60000;
+  opts.fixed_level = fixed_level;
+  opts.inflight = 3;
+  StreamClient client(&remote);
+  uint32_t delivered = 0;
+  auto r = client.FetchTokens(c.root, c.tokens, c.chunk_tokens, opts, [&](const StreamedChunk& s) {
+    EXPECT_EQ(s.index, delivered) << "chunks are delivered in order";
+    ++delivered;
+    const uint32_t start = s.index * c.chunk_tokens;
+    const uint32_t n = std::min<uint32_t>(c.chunk_tokens, c.kv.shape().tokens - start);
+    EXPECT_EQ(s.token_start, start);
+    auto frames = enc->EncodeChunk(c.kv.view().Tokens(start, n), start, c.kv.shape().tokens);
+    ASSERT_TRUE(frames.ok());
+    ASSERT_LT(s.level, frames->size());
+    KVTensor direct(s.kv->shape(), s.kv->dtype());
+    ASSERT_TRUE(DecodeFrame((*frames)[s.level], direct.view()).ok());
+    ASSERT_EQ(direct.size_bytes(), s.kv->size_bytes());
+    EXPECT_EQ(std::memcmp(direct.data(), s.kv->data(), direct.size_bytes()), 0) << "chunk " << s.index;
+  });
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->cached, 4u);
+  EXPECT_EQ(delivered, 4u);
+  EXPECT_TRUE(r->recompute.empty());
+  EXPECT_TRUE(r->errors.empty());
+  EXPECT_TRUE(r->deadline_met);
+  if (fixed_level >= 0) {
+    for (int l : r->levels) EXPECT_EQ(l, fixed_level);
+  }
+}
+
+TEST_P(ServiceTest, PutThenStreamEqualsDirectDecode) {
+  TestContext c = MakeContext(56);
+  auto enc = Encoder::Create(c.config);
+  ASSERT_TRUE(PutContext(*client_, c.root, c.tokens, c.kv.view(), *enc).ok());
+  ExpectRoundTrip(*client_, c, -1);  // adaptive (loose deadline: finest after the probe)
+  ExpectRoundTrip(*client_, c, 2);
+  ExpectRoundTrip(*store_, c, 1);  // the same client directly on the store
+}
+
+TEST_P(ServiceTest, CorruptChunkIsAMissAndRecomputed) {
+  if (GetParam() != "file") GTEST_SKIP() << "corrupts bytes on disk (file:// only)";
+  TestContext c = MakeContext(56);
+  auto enc = Encoder::Create(c.config);
+  ASSERT_TRUE(PutContext(*client_, c.root, c.tokens, c.kv.view(), *enc).ok());
+  const auto keys = ChunkKeys(c.root, c.tokens, c.chunk_tokens);
+  // Flip one byte in the middle of every level file of chunk 1.
+  int corrupted = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir_)) {
+    if (!e.is_regular_file() || e.path().filename().string().rfind(keys[1].Hex(), 0) != 0) continue;
+    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+    const auto size = fs::file_size(e.path());
+    f.seekg(static_cast<std::streamoff>(size / 2));
+    char b = 0;
+    f.read(&b, 1);
+    b = static_cast<char>(b ^ 0x40);
+    f.seekp(static_cast<std::streamoff>(size / 2));
+    f.write(&b, 1);
+    ++corrupted;
+  }
+  ASSERT_EQ(corrupted, 3);
+  EXPECT_EQ(client_->Get(keys[1], 0).status().code(), StatusCode::kNotFound);
+  EXPECT_GE(store_->stats().corrupt, 1u);
+  EXPECT_NE(service_->MetricsText().find("cachegen_chunk_misses_total 1\n"), std::string::npos)
+      << service_->MetricsText();
+  // Lookup still lists chunk 1 (Size does not read); streaming reports the
+  // failure for that chunk only and hands it back for recompute.
+  StreamOptions opts;
+  opts.deadline_ms = 60000;
+  opts.fixed_level = 0;
+  StreamClient client(client_.get());
+  std::vector<uint32_t> delivered;
+  auto r = client.FetchTokens(c.root, c.tokens, c.chunk_tokens, opts,
+                              [&](const StreamedChunk& s) { delivered.push_back(s.index); });
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(delivered, (std::vector<uint32_t>{0, 2, 3}));
+  EXPECT_EQ(r->recompute, (std::vector<uint32_t>{1}));
+  ASSERT_EQ(r->errors.size(), 1u);
+  EXPECT_NE(r->errors[0].find("chunk 1"), std::string::npos);
+}
+
+TEST_P(ServiceTest, MetricsAndHealth) {
+  EXPECT_EQ(StatusOf(RawRequest(port(), "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")), 200);
+  ASSERT_TRUE(client_->Put(kKey, 0, Frame()).ok());
+  ASSERT_TRUE(client_->Get(kKey, 0).ok());
+  EXPECT_FALSE(client_->Get(kKey, 1).ok());
+  const std::string m = RawRequest(port(), "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  ASSERT_EQ(StatusOf(m), 200);
+  EXPECT_NE(m.find("cachegen_requests_total{method=\"PUT\",route=\"chunks\",code=\"201\"} 1"), std::string::npos) << m;
+  EXPECT_NE(m.find("cachegen_requests_total{method=\"GET\",route=\"chunks\",code=\"404\"} 1"), std::string::npos);
+  EXPECT_NE(m.find("cachegen_chunk_hits_total 1"), std::string::npos);
+  EXPECT_NE(m.find("cachegen_chunk_misses_total 1"), std::string::npos);
+  EXPECT_NE(m.find("cachegen_request_duration_seconds_bucket{le=\"+Inf\"}"), std::string::npos);
+  EXPECT_NE(m.find("cachegen_response_bytes_total"), std::string::npos);
+}
+
+TEST_P(ServiceTest, RateLimitShapesGets) {
+  if (GetParam() != "mem") GTEST_SKIP() << "backend-independent";
+  ServiceOptions opts;
+  opts.connection_rate = *ParseRateTrace("40mbit");  // 5 MB/s
+  Restart(opts);
+  // A level-0 frame of 64 tokens x 8 layers is a few hundred KB.
+  TestContext c = MakeContext(16);
+  c.kv = std::move(SyntheticKV({8, 8, 128, 64}, DType::kF16, 3)).value();
+  c.config.levels = 1;
+  c.config.bits_per_value = 8;
+  c.config.chunk_tokens = 64;
+  auto frames = Encoder::Create(c.config)->EncodeChunk(c.kv.view(), 0, 64);
+  ASSERT_TRUE(frames.ok());
+  ASSERT_TRUE(client_->Put(kKey, 0, (*frames)[0]).ok());
+  const double bytes = static_cast<double>((*frames)[0].size());
+  const auto t0 = std::chrono::steady_clock::now();
+  auto got = client_->Get(kKey, 0);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(*got, (*frames)[0]);
+  // Lower bound only: the bucket may pass one 64 KB burst early.
+  EXPECT_GE(s, (bytes - 65536) / 5e6) << bytes << " bytes";
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, ServiceTest, ::testing::Values("mem", "file"));
+
+TEST(Rates, ParseRatesAndTraces) {
+  EXPECT_DOUBLE_EQ(*ParseRate("1gbit"), 1.25e8);
+  EXPECT_DOUBLE_EQ(*ParseRate("0.1gbit"), 1.25e7);
+  EXPECT_DOUBLE_EQ(*ParseRate("64kbit"), 8000);
+  EXPECT_DOUBLE_EQ(*ParseRate("800bit"), 100);
+  for (const char* bad : {"", "1", "gbit", "-1gbit", "0gbit", "1gb", "1 gbit", "nanmbit"})
+    EXPECT_FALSE(ParseRate(bad).ok()) << bad;
+  auto t = ParseRateTrace("10gbit,0.1gbit@0.5");
+  ASSERT_TRUE(t.ok());
+  ASSERT_EQ(t->size(), 2u);
+  EXPECT_DOUBLE_EQ((*t)[1].start_s, 0.5);
+  EXPECT_DOUBLE_EQ((*t)[1].bytes_per_s, 1.25e7);
+  for (const char* bad : {"1gbit@1", "1gbit,2gbit", "1gbit,2gbit@0", "1gbit,2gbit@x", "1gbit,"})
+    EXPECT_FALSE(ParseRateTrace(bad).ok()) << bad;
+  LinkShaper shaper(*t);
+  EXPECT_DOUBLE_EQ(shaper.RateAt(0.4), 1.25e9);
+  EXPECT_DOUBLE_EQ(shaper.RateAt(0.6), 1.25e7);
+}
+
+TEST(ConnectService, RejectsBadUrls) {
+  for (const char* bad : {"", "127.0.0.1:80", "https://h:1", "http://h", "http://h:0", "http://h:99999", "http://:80",
+                          "http://h:80/x"})
+    EXPECT_FALSE(ConnectService(bad).ok()) << bad;
+  auto down = ConnectService("http://127.0.0.1:1");
+  ASSERT_TRUE(down.ok());
+  EXPECT_EQ((*down)->Get(kKey, 0).status().code(), StatusCode::kIOError);
+}
+
+}  // namespace
+}  // namespace cachegen
