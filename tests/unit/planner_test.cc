@@ -61,7 +61,9 @@ TEST(Planner, NeverCoarserThanBestFittingFixedLevel) {
     for (uint32_t c = 0; c < chunks.size(); ++c) {
       ASSERT_GE(plan.decisions[c].level, 0) << deadline;
       bytes += chunks[c].level_bytes[plan.decisions[c].level];
-      if (best_fixed >= 0) EXPECT_LE(plan.decisions[c].level, best_fixed) << deadline;
+      if (best_fixed >= 0) {
+        EXPECT_LE(plan.decisions[c].level, best_fixed) << deadline;
+      }
     }
     if (best_fixed >= 0) {
       EXPECT_TRUE(plan.feasible) << deadline;
