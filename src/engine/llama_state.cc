@@ -29,6 +29,24 @@ Status TypeOk(int32_t type, const char* what, uint32_t layer) {
                              " is quantized; only f32, f16 and bf16 caches are supported");
 }
 
+// Checks a K or V row header (type and row bytes) of layer l against the
+// cells still to come; sets the row's width in values.
+Status CheckRow(const char* what, int32_t type, uint64_t row, uint32_t l, uint32_t cells, size_t remaining,
+                uint32_t* width) {
+  CG_RETURN_IF_ERROR(TypeOk(type, what, l));
+  const size_t eb = ElemBytes(type);
+  if (row == 0 || row % eb != 0 || row / eb > std::numeric_limits<uint32_t>::max()) {
+    return Status::Corrupt("llama state: " + std::string(what) + " row of layer " + std::to_string(l) + " has " +
+                           std::to_string(row) + " bytes");
+  }
+  if (row > remaining / cells) {
+    return Status::Corrupt("llama state: " + std::string(what) + " data of layer " + std::to_string(l) +
+                           " out of bounds");
+  }
+  *width = static_cast<uint32_t>(row / eb);
+  return Status::Ok();
+}
+
 // Parses one stream after its cell_count. `cells` > 0.
 Status ParseStream(ByteReader& r, uint32_t cells, uint32_t ext_bytes, LlamaStream* s) {
   s->cells = cells;
@@ -65,16 +83,10 @@ Status ParseStream(ByteReader& r, uint32_t cells, uint32_t ext_bytes, LlamaStrea
     const int32_t type = static_cast<int32_t>(r.U32());
     const uint64_t row = r.U64();
     if (!r.ok()) return Status::Corrupt("llama state: truncated K header");
-    CG_RETURN_IF_ERROR(TypeOk(type, "K", l));
-    const size_t eb = ElemBytes(type);
-    if (row == 0 || row % eb != 0 || row / eb > std::numeric_limits<uint32_t>::max()) {
-      return Status::Corrupt("llama state: K row of layer " + std::to_string(l) + " has " + std::to_string(row) +
-                             " bytes");
-    }
-    if (row > r.remaining() / cells) return Status::Corrupt("llama state: K data of layer " + std::to_string(l) +
-                                                            " out of bounds");
+    uint32_t width;
+    CG_RETURN_IF_ERROR(CheckRow("K", type, row, l, cells, r.remaining(), &width));
     s->k_type.push_back(type);
-    s->k_width.push_back(static_cast<uint32_t>(row / eb));
+    s->k_width.push_back(width);
     s->k_offset.push_back(r.position());
     r.Bytes(row * cells);
   }
@@ -86,15 +98,7 @@ Status ParseStream(ByteReader& r, uint32_t cells, uint32_t ext_bytes, LlamaStrea
     if (!s->v_trans) {
       const uint64_t row = r.U64();
       if (!r.ok()) return Status::Corrupt("llama state: truncated V header");
-      CG_RETURN_IF_ERROR(TypeOk(type, "V", l));
-      const size_t eb = ElemBytes(type);
-      if (row == 0 || row % eb != 0 || row / eb > std::numeric_limits<uint32_t>::max()) {
-        return Status::Corrupt("llama state: V row of layer " + std::to_string(l) + " has " + std::to_string(row) +
-                               " bytes");
-      }
-      if (row > r.remaining() / cells) return Status::Corrupt("llama state: V data of layer " + std::to_string(l) +
-                                                              " out of bounds");
-      width = static_cast<uint32_t>(row / eb);
+      CG_RETURN_IF_ERROR(CheckRow("V", type, row, l, cells, r.remaining(), &width));
       bytes = row * cells;
     } else {
       const uint32_t elem = r.U32();

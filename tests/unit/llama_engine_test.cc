@@ -145,7 +145,7 @@ TEST_F(LlamaEngineTest, CodecRoundTripChangesLogitsSlightly) {
     EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
   }
   CodecConfig cfg;
-  cfg.bits_per_value = 4;
+  cfg.bits_per_value = 5;
   auto enc = Encoder::Create(cfg);
   ASSERT_TRUE(enc.ok());
   auto bytes = enc->Encode(cap->kv.view());
