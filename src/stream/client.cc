@@ -128,8 +128,13 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
   std::vector<uint64_t> issued_bytes(n, 0);
   uint32_t next_issue = 0, next_deliver = 0, outstanding = 0;
   uint64_t outstanding_bytes = 0;
-  Clock::time_point last_completion = t0;
-  bool have_completion = false;
+  // Bandwidth samples span the last `inflight` completions: with several
+  // requests sharing the link they finish close together, so the gap between
+  // two completions alone overstates the rate.
+  std::deque<std::pair<Clock::time_point, uint64_t>> window;  // (finish, bytes delivered up to it)
+  Clock::time_point first_issue{};
+  bool issued_any = false;
+  uint64_t delivered_total = 0;
 
   auto fail = [&](uint32_t i, const std::string& why) {
     result.errors.push_back("chunk " + std::to_string(i) + " (" + keys[i].Hex() + "): " + why);
@@ -154,6 +159,8 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
       }
       issued_bytes[next_issue] = found[next_issue].level_bytes[level];
       outstanding_bytes += issued_bytes[next_issue];
+      if (!issued_any) first_issue = Clock::now();
+      issued_any = true;
       fetcher.Issue({next_issue, static_cast<uint32_t>(level)});
       ++outstanding;
       ++next_issue;
@@ -198,10 +205,12 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
     outstanding_bytes -= issued_bytes[i];
     if (d.frame.ok()) {
       result.bytes += d.frame->size();
-      const Clock::time_point from = have_completion ? std::max(last_completion, d.issued) : d.issued;
-      planner.OnDelivered(d.frame->size(), Seconds(from, d.finished));
-      last_completion = std::max(last_completion, d.finished);
-      have_completion = true;
+      delivered_total += d.frame->size();
+      const Clock::time_point from = window.empty() ? first_issue : std::max(window.front().first, d.issued);
+      const uint64_t base = window.empty() || from == d.issued ? delivered_total - d.frame->size() : window.front().second;
+      planner.OnDelivered(delivered_total - base, Seconds(from, d.finished));
+      window.emplace_back(d.finished, delivered_total);
+      if (window.size() > options.inflight) window.pop_front();
     }
     ready[i] = std::move(d);
   }
