@@ -57,6 +57,8 @@ struct StreamResult {
   std::vector<std::string> errors;  // one line per chunk that failed to fetch or decode
   uint64_t bytes = 0;               // frame bytes fetched
   double elapsed_ms = 0;            // lookup to last delivery
+  double lookup_ms = 0;             // of which the prefix lookup
+  double decode_ms = 0;             // summed decode time of delivered chunks (overlaps transfers)
   bool deadline_met = false;
   double bandwidth_bytes_s = 0;  // final estimate
 };

@@ -108,6 +108,7 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
   result.requested = static_cast<uint32_t>(keys.size());
 
   const std::vector<CachedChunk> found = LookupPrefix(*store_, keys, std::min(options.levels, kMaxChunkLevels));
+  result.lookup_ms = Seconds(t0, Clock::now()) * 1000.0;
   const uint32_t n = static_cast<uint32_t>(found.size());
   result.cached = n;
   result.levels.assign(n, -1);
@@ -187,6 +188,7 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
         fail(i, st.ToString());
         continue;
       }
+      result.decode_ms += Seconds(dec0, Clock::now()) * 1000.0;
       StreamedChunk chunk;
       chunk.index = i;
       chunk.level = d.level;
