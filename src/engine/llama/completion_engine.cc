@@ -1,0 +1,367 @@
+#include "engine/llama/completion_engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+
+#include <llama.h>
+#include <xxhash.h>
+
+#include "cachegen/stream.h"
+#include "cachegen/stream_client.h"
+#include "serve/openai.h"
+
+namespace cachegen {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double MsSince(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+// The codec settings that change a chunk's bytes, as the key chain's profile:
+// chunks written under other settings are other chunks.
+std::string CodecProfile(const CodecConfig& c) {
+  std::string p = c.codec + ";levels=" + std::to_string(c.levels) + ";bits=" + std::to_string(c.bits_per_value) +
+                  ";snr=" + std::to_string(c.snr_db) + ";maxerr=" + std::to_string(c.max_rel_error) +
+                  ";g=" + std::to_string(c.group_tokens) + ";rot=" + std::to_string(c.rotate) +
+                  ";slope=" + std::to_string(c.layer_slope) + ";recent=" + std::to_string(c.recent_tokens) + "x" +
+                  std::to_string(c.recent_step_scale);
+  for (double b : c.level_bits) p += ";lb=" + std::to_string(b);
+  return p;
+}
+
+// Bytes of `text` that end on a whole UTF-8 character: a token may end
+// inside a multi-byte character, which the next token completes.
+size_t Utf8CompleteLength(const std::string& text) {
+  const size_t n = text.size();
+  for (size_t back = 1; back <= std::min<size_t>(3, n); ++back) {
+    const auto c = static_cast<unsigned char>(text[n - back]);
+    if ((c & 0xC0) == 0x80) continue;  // continuation byte: look further back
+    const size_t len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+    return len > back ? n - back : n;
+  }
+  return n;
+}
+
+std::string TokenPiece(const llama_vocab* vocab, llama_token t) {
+  char buf[256];
+  const int32_t n = llama_token_to_piece(vocab, t, buf, sizeof(buf), 0, false);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+}
+
+// A llama.cpp sampler chain for one request.
+struct Sampler {
+  llama_sampler* chain = nullptr;
+  explicit Sampler(const serve::CompletionRequest& req) {
+    chain = llama_sampler_chain_init(llama_sampler_chain_default_params());
+    if (req.temperature <= 0) {
+      llama_sampler_chain_add(chain, llama_sampler_init_greedy());
+      return;
+    }
+    if (req.top_p < 1) llama_sampler_chain_add(chain, llama_sampler_init_top_p(req.top_p, 1));
+    llama_sampler_chain_add(chain, llama_sampler_init_temp(req.temperature));
+    llama_sampler_chain_add(chain, llama_sampler_init_dist(static_cast<uint32_t>(req.seed)));
+  }
+  ~Sampler() { llama_sampler_free(chain); }
+  Sampler(const Sampler&) = delete;
+  Sampler& operator=(const Sampler&) = delete;
+};
+
+}  // namespace
+
+Result<std::string> ModelFingerprint(const std::string& gguf_path, const LlamaModelInfo& info) {
+  std::ifstream in(gguf_path, std::ios::binary);
+  if (!in) return Status::IOError("cannot open '" + gguf_path + "'");
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_128bits_reset(st);
+  std::vector<char> buf(1 << 20);
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    XXH3_128bits_update(st, buf.data(), static_cast<size_t>(in.gcount()));
+  }
+  const XXH128_hash_t h = XXH3_128bits_digest(st);
+  XXH3_freeState(st);
+  char hex[40];
+  std::snprintf(hex, sizeof(hex), "%016llx%016llx", static_cast<unsigned long long>(h.high64),
+                static_cast<unsigned long long>(h.low64));
+  return info.architecture + ":" + std::to_string(info.layers) + "x" + std::to_string(info.kv_heads) + "x" +
+         std::to_string(info.head_dim) + ":" + hex;
+}
+
+Result<std::unique_ptr<LlamaCompletionEngine>> LlamaCompletionEngine::Create(std::shared_ptr<LlamaModel> model,
+                                                                              ChunkStore* store,
+                                                                              const LlamaServeOptions& options) {
+  if (!model) return Status::InvalidArgument("no model");
+  if (options.slots == 0 || options.slots > 64) return Status::InvalidArgument("slots must be 1..64");
+  if (options.codec.chunk_tokens == 0) return Status::InvalidArgument("chunk tokens must be > 0");
+  std::unique_ptr<LlamaCompletionEngine> e(new LlamaCompletionEngine());
+  e->model_ = std::move(model);
+  e->store_ = store;
+  e->options_ = options;
+  LlamaContextOptions co;
+  co.n_ctx = options.n_ctx;
+  co.cache_type = options.cache_type;
+  co.threads = options.threads;
+  for (uint32_t i = 0; i < options.slots; ++i) {
+    Result<std::unique_ptr<LlamaContext>> ctx = LlamaContext::Create(e->model_, co);
+    if (!ctx.ok()) return ctx.status();
+    e->contexts_.push_back(std::move(*ctx));
+  }
+  Result<Encoder> enc = Encoder::Create(options.codec);
+  if (!enc.ok()) return enc.status();
+  e->encoder_ = std::make_unique<Encoder>(std::move(*enc));
+  e->model_name_ = options.model_name.empty() ? e->model_->info().architecture : options.model_name;
+  if (store && options.model_fingerprint.empty())
+    return Status::InvalidArgument("a model fingerprint is needed to address stored chunks");
+  e->root_ = ChainRoot(options.model_fingerprint, CodecProfile(options.codec), options.codec.chunk_tokens);
+  e->recompute_tokens_per_s_ = options.recompute_tokens_per_s;
+  if (e->recompute_tokens_per_s_ <= 0) {
+    Status st = e->MeasurePrefillSpeed();
+    if (!st.ok()) return st;
+  }
+  e->store_thread_ = std::thread([p = e.get()] { p->StoreWorker(); });
+  return e;
+}
+
+LlamaCompletionEngine::~LlamaCompletionEngine() {
+  {
+    std::lock_guard lock(store_mu_);
+    stopping_ = true;
+  }
+  store_cv_.notify_all();
+  if (store_thread_.joinable()) store_thread_.join();
+}
+
+// The planner trades transfer time against recompute time, so it needs this
+// engine's prefill speed on this machine: one chunk's worth of tokens, timed.
+Status LlamaCompletionEngine::MeasurePrefillSpeed() {
+  LlamaContext& ctx = *contexts_[0];
+  const uint32_t n = std::min<uint32_t>(options_.codec.chunk_tokens, options_.n_ctx);
+  std::vector<int32_t> tokens(n);
+  const uint32_t vocab = model_->info().vocab;
+  for (uint32_t i = 0; i < n; ++i) tokens[i] = static_cast<int32_t>((i * 7919u + 13u) % vocab);
+  ctx.Clear();
+  const auto t0 = Clock::now();
+  Status st = ctx.Eval(tokens, 0);
+  const double ms = MsSince(t0);
+  ctx.Clear();
+  if (!st.ok()) return st;
+  recompute_tokens_per_s_ = n / std::max(ms, 1e-3) * 1000.0;
+  return Status::Ok();
+}
+
+Result<std::vector<int32_t>> LlamaCompletionEngine::PromptTokens(const serve::CompletionRequest& req) const {
+  if (!req.chat && !req.prompt_tokens.empty()) {
+    const uint32_t vocab = model_->info().vocab;
+    for (int32_t t : req.prompt_tokens)
+      if (t < 0 || static_cast<uint32_t>(t) >= vocab)
+        return Status::InvalidArgument("prompt token id " + std::to_string(t) + " is outside the vocabulary");
+    return req.prompt_tokens;
+  }
+  std::string text = req.prompt;
+  bool parse_special = false;
+  if (req.chat) {
+    // The model's own template when it has one; otherwise "role: content" lines.
+    const char* tmpl = llama_model_chat_template(model_->raw(), nullptr);
+    std::vector<llama_chat_message> msgs;
+    for (const serve::ChatMessage& m : req.messages) msgs.push_back({m.role.c_str(), m.content.c_str()});
+    std::vector<char> buf(4096);
+    int32_t n = tmpl ? llama_chat_apply_template(tmpl, msgs.data(), msgs.size(), true, buf.data(),
+                                                 static_cast<int32_t>(buf.size()))
+                     : -1;
+    if (n > static_cast<int32_t>(buf.size())) {
+      buf.resize(static_cast<size_t>(n));
+      n = llama_chat_apply_template(tmpl, msgs.data(), msgs.size(), true, buf.data(), n);
+    }
+    if (n >= 0) {
+      text.assign(buf.data(), static_cast<size_t>(n));
+      parse_special = true;
+    } else {
+      text.clear();
+      for (const serve::ChatMessage& m : req.messages) text += m.role + ": " + m.content + "\n";
+      text += "assistant:";
+    }
+  }
+  const llama_vocab* vocab = llama_model_get_vocab(model_->raw());
+  std::vector<llama_token> tokens(text.size() + 8);
+  int32_t n = llama_tokenize(vocab, text.data(), static_cast<int32_t>(text.size()), tokens.data(),
+                             static_cast<int32_t>(tokens.size()), true, parse_special);
+  if (n < 0) return Status::InvalidArgument("prompt does not tokenize");
+  tokens.resize(static_cast<size_t>(n));
+  if (tokens.empty()) return Status::InvalidArgument("prompt has no tokens");
+  return tokens;
+}
+
+Result<PrefillResult> LlamaCompletionEngine::Prefill(uint32_t slot, std::span<const int32_t> tokens,
+                                                     double deadline_ms) {
+  if (slot >= contexts_.size()) return Status::InvalidArgument("no such slot");
+  if (tokens.empty()) return Status::InvalidArgument("empty prompt");
+  if (tokens.size() >= options_.n_ctx)
+    return Status::InvalidArgument("prompt of " + std::to_string(tokens.size()) + " tokens does not fit the context of " +
+                                   std::to_string(options_.n_ctx));
+  LlamaContext& ctx = *contexts_[slot];
+  ctx.Clear();
+  PrefillResult out;
+  serve::Timings& t = out.timings;
+  t.prompt_tokens = static_cast<uint32_t>(tokens.size());
+  const uint32_t T = options_.codec.chunk_tokens;
+  const uint32_t cacheable = static_cast<uint32_t>((tokens.size() - 1) / T);  // whole chunks before the last token
+
+  uint32_t prefix = 0;  // tokens whose KV was delivered contiguously from token 0
+  if (store_ && cacheable > 0) {
+    const LlamaModelInfo& mi = model_->info();
+    KVTensor kv(KVShape{mi.layers, mi.kv_heads, mi.head_dim, cacheable * T}, DType::kF16);
+    std::vector<bool> delivered(cacheable, false);
+    double decode_ms = 0;
+    Status copy_status;
+    StreamOptions so;
+    const double deadline = deadline_ms > 0 ? deadline_ms : options_.ttft_target_ms;
+    so.deadline_ms = deadline > 0 ? deadline : 1e9;
+    so.recompute_tokens_per_s = recompute_tokens_per_s_;
+    so.inflight = options_.inflight;
+    so.decode_threads = options_.decode_threads;
+    so.levels = options_.codec.levels;
+    // Without a deadline there is nothing to trade: always the best level.
+    so.fixed_level = deadline > 0 ? options_.fixed_level : std::max(options_.fixed_level, 0);
+    // The last request's bandwidth estimate, so the first chunk need not probe.
+    so.initial_bandwidth_bytes_s = last_bandwidth_bytes_s_.load();
+    StreamClient client(store_);
+    Result<StreamResult> r = client.FetchTokens(
+        root_, tokens.first(cacheable * T), T, so, [&](const StreamedChunk& c) {
+          const auto c0 = Clock::now();
+          copy_status = CopyKV(c.kv->view(), kv.view().Tokens(c.index * T, T));
+          decode_ms += MsSince(c0);
+          delivered[c.index] = copy_status.ok();
+          t.levels.push_back(c.level);
+        });
+    if (!r.ok()) return r.status();
+    if (r->bandwidth_bytes_s > 0) last_bandwidth_bytes_s_ = r->bandwidth_bytes_s;
+    t.lookup_ms = r->lookup_ms;
+    t.transfer_ms = r->elapsed_ms;
+    t.decode_ms = r->decode_ms + decode_ms;
+    t.transfer_bytes = r->bytes;
+    out.recompute_chunks = r->recompute;
+    while (prefix / T < cacheable && delivered[prefix / T]) prefix += T;
+    if (prefix > 0) {
+      const auto i0 = Clock::now();
+      Status st = ctx.Inject(0, kv.view().Tokens(0, prefix));
+      t.inject_ms = MsSince(i0);
+      if (!st.ok()) return st;
+    }
+  }
+  t.cached_tokens = prefix;
+  t.recomputed_tokens = t.prompt_tokens - prefix;
+  const auto p0 = Clock::now();
+  Status st = ctx.Eval(tokens.subspan(prefix), static_cast<int32_t>(prefix));
+  t.prefill_ms = MsSince(p0);
+  if (!st.ok()) return st;
+
+  const uint32_t whole = static_cast<uint32_t>(tokens.size() / T);
+  if (store_ && options_.store_new_chunks && whole > prefix / T) {
+    Result<CapturedKV> cap = ctx.Capture(0);
+    if (cap.ok()) EnqueueStore(std::vector<int32_t>(tokens.begin(), tokens.begin() + whole * T), std::move(*cap));
+  }
+  return out;
+}
+
+Result<serve::CompletionResult> LlamaCompletionEngine::Complete(
+    uint32_t slot, const serve::CompletionRequest& req, const std::function<bool(const std::string&)>& on_text) {
+  const auto t0 = Clock::now();
+  Result<std::vector<int32_t>> tokens = PromptTokens(req);
+  if (!tokens.ok()) return tokens.status();
+  Result<PrefillResult> pre = Prefill(slot, *tokens, req.ttft_target_ms);
+  if (!pre.ok()) return pre.status();
+  serve::CompletionResult res;
+  res.timings = pre->timings;
+  LlamaContext& ctx = *contexts_[slot];
+  const llama_vocab* vocab = llama_model_get_vocab(model_->raw());
+  Sampler sampler(req);
+  int32_t pos = static_cast<int32_t>(tokens->size());
+  size_t sent = 0;
+  res.finish_reason = "length";
+  const auto g0 = Clock::now();
+  for (uint32_t i = 0; i < req.max_tokens; ++i) {
+    const llama_token tok = llama_sampler_sample(sampler.chain, ctx.raw(), -1);
+    if (i == 0) res.timings.ttft_ms = MsSince(t0);
+    if (llama_vocab_is_eog(vocab, tok)) {
+      res.finish_reason = "stop";
+      break;
+    }
+    ++res.timings.completion_tokens;
+    res.text += TokenPiece(vocab, tok);
+    if (std::optional<size_t> at = serve::FindStop(res.text, req.stop)) {
+      res.text.resize(*at);
+      res.finish_reason = "stop";
+      break;
+    }
+    const size_t ready = std::min(serve::StreamableLength(res.text, req.stop), Utf8CompleteLength(res.text));
+    if (ready > sent) {
+      if (!on_text(res.text.substr(sent, ready - sent))) break;
+      sent = ready;
+    }
+    if (i + 1 == req.max_tokens) break;
+    if (static_cast<uint32_t>(pos) + 1 >= options_.n_ctx) break;  // context full: "length"
+    Status st = ctx.Eval(std::span<const int32_t>(&tok, 1), pos++);
+    if (!st.ok()) return st;
+  }
+  if (res.text.size() > sent) on_text(res.text.substr(sent));
+  res.timings.generation_ms = MsSince(g0);
+  return res;
+}
+
+void LlamaCompletionEngine::EnqueueStore(std::vector<int32_t> tokens, CapturedKV captured) {
+  constexpr size_t kMaxQueued = 4;
+  {
+    std::lock_guard lock(store_mu_);
+    if (store_queue_.size() >= kMaxQueued) {
+      store_queue_.pop_front();
+      ++store_dropped_;
+    }
+    store_queue_.push_back({std::move(tokens), std::move(captured)});
+  }
+  store_cv_.notify_all();
+}
+
+void LlamaCompletionEngine::StoreWorker() {
+  std::unique_lock lock(store_mu_);
+  for (;;) {
+    store_cv_.wait(lock, [&] { return stopping_ || !store_queue_.empty(); });
+    if (store_queue_.empty()) return;  // stopping, nothing left
+    StoreJob job = std::move(store_queue_.front());
+    store_queue_.pop_front();
+    store_busy_ = true;
+    lock.unlock();
+    const KVView kv = job.captured.kv.view().Tokens(0, static_cast<uint32_t>(job.tokens.size()));
+    Result<PutStats> put = PutContext(*store_, root_, job.tokens, kv, *encoder_);
+    lock.lock();
+    store_busy_ = false;
+    if (put.ok()) {
+      stored_chunks_ += put->chunks_stored;
+      stored_bytes_ += put->bytes;
+    } else {
+      ++store_errors_;
+      std::fprintf(stderr, "cachegen llama-serve: storing chunks failed: %s\n", put.status().message().c_str());
+    }
+    store_cv_.notify_all();
+  }
+}
+
+void LlamaCompletionEngine::FlushStores() {
+  std::unique_lock lock(store_mu_);
+  store_cv_.wait(lock, [&] { return store_queue_.empty() && !store_busy_; });
+}
+
+std::string LlamaCompletionEngine::MetricsText() const {
+  std::lock_guard lock(store_mu_);
+  return "# TYPE cachegen_llama_stored_chunks_total counter\ncachegen_llama_stored_chunks_total " +
+         std::to_string(stored_chunks_) + "\n# TYPE cachegen_llama_stored_bytes_total counter\n" +
+         "cachegen_llama_stored_bytes_total " + std::to_string(stored_bytes_) +
+         "\n# TYPE cachegen_llama_store_errors_total counter\ncachegen_llama_store_errors_total " +
+         std::to_string(store_errors_) + "\ncachegen_llama_store_dropped_total " + std::to_string(store_dropped_) +
+         "\n";
+}
+
+}  // namespace cachegen

@@ -1,0 +1,118 @@
+// llama-serve's engine: a llama.cpp model whose prompts' KV prefixes load from
+// a cachegen chunk store instead of being recomputed.
+//
+// Per request (Prefill):
+//   1. chunk keys of the prompt's whole chunks (the last prompt token is always
+//      evaluated, so the first generated token has its logits);
+//   2. StreamClient fetches the longest cached prefix under the TTFT deadline,
+//      each chunk at the level the bandwidth allows, decoding while fetching;
+//   3. the delivered chunks up to the first one the planner gave up on are
+//      injected into the slot's sequence as one KV tensor;
+//   4. the rest of the prompt is prefilled by the engine.
+// After prefill the prompt's whole chunks are captured and, on a background
+// thread, encoded at every level and stored (existing chunks are skipped), so
+// the next request that shares the prefix hits.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cachegen/codec.h"
+#include "cachegen/llama_engine.h"
+#include "cachegen/store.h"
+#include "serve/completion_server.h"
+
+namespace cachegen {
+
+struct LlamaServeOptions {
+  std::string model_name;          // reported by /v1/models; empty: the architecture
+  std::string model_fingerprint;   // roots the chunk keys (ModelFingerprint); required with a store
+  uint32_t slots = 1;
+  uint32_t n_ctx = 4096;
+  std::string cache_type = "f16";
+  uint32_t threads = 0;            // llama.cpp threads per slot (0: its default)
+  CodecConfig codec;               // how new chunks are encoded (levels, rate); chunk_tokens = chunk size
+  double ttft_target_ms = 0;       // transfer deadline when a request gives none; 0 = best quality, no deadline
+  double recompute_tokens_per_s = 0;  // prefill speed for the planner; 0 = measured at start-up
+  bool store_new_chunks = true;
+  uint32_t inflight = 4;           // chunk requests in flight
+  uint32_t decode_threads = 0;     // 0: all cores
+  int fixed_level = -1;            // >= 0: always fetch this level (benchmarks' fixed-level clients)
+};
+
+// The TTFT part of a request.
+struct PrefillResult {
+  serve::Timings timings;
+  std::vector<uint32_t> recompute_chunks;  // chunks the planner or a failure sent back to the engine
+};
+
+class LlamaCompletionEngine final : public serve::CompletionEngine {
+ public:
+  // `store` may be null (no cache: every prompt is prefilled); not owned.
+  static Result<std::unique_ptr<LlamaCompletionEngine>> Create(std::shared_ptr<LlamaModel> model, ChunkStore* store,
+                                                               const LlamaServeOptions& options);
+  ~LlamaCompletionEngine() override;
+
+  uint32_t slots() const override { return static_cast<uint32_t>(contexts_.size()); }
+  std::string model_name() const override { return model_name_; }
+  Result<serve::CompletionResult> Complete(uint32_t slot, const serve::CompletionRequest& req,
+                                           const std::function<bool(const std::string&)>& on_text) override;
+  std::string MetricsText() const override;
+
+  // Tokens of a request's prompt (chat: through the model's chat template).
+  Result<std::vector<int32_t>> PromptTokens(const serve::CompletionRequest& req) const;
+  // Loads `tokens` into slot `slot`'s sequence (cached prefix + prefill), so
+  // that its logits after the last token are ready. deadline_ms <= 0: the
+  // options' ttft_target_ms.
+  Result<PrefillResult> Prefill(uint32_t slot, std::span<const int32_t> tokens, double deadline_ms);
+  // Waits until every queued background store has finished.
+  void FlushStores();
+
+  const ChunkKey& chain_root() const { return root_; }
+  double recompute_tokens_per_s() const { return recompute_tokens_per_s_; }
+
+ private:
+  LlamaCompletionEngine() = default;
+  Status MeasurePrefillSpeed();
+  void EnqueueStore(std::vector<int32_t> tokens, CapturedKV captured);
+  void StoreWorker();
+
+  std::shared_ptr<LlamaModel> model_;
+  std::vector<std::unique_ptr<LlamaContext>> contexts_;
+  ChunkStore* store_ = nullptr;
+  LlamaServeOptions options_;
+  std::unique_ptr<Encoder> encoder_;
+  ChunkKey root_;
+  std::string model_name_;
+  double recompute_tokens_per_s_ = 0;
+  std::atomic<double> last_bandwidth_bytes_s_{0};  // planner prior shared by the slots
+
+  // Background encode+store of new chunks: one worker, a bounded queue (when
+  // full, the oldest job is dropped: storing is an optimisation, never a
+  // reason to stall or grow without bound).
+  struct StoreJob {
+    std::vector<int32_t> tokens;
+    CapturedKV captured;
+  };
+  mutable std::mutex store_mu_;
+  std::condition_variable store_cv_;
+  std::deque<StoreJob> store_queue_;
+  bool store_busy_ = false, stopping_ = false;
+  uint64_t stored_chunks_ = 0, stored_bytes_ = 0, store_errors_ = 0, store_dropped_ = 0;
+  std::thread store_thread_;
+};
+
+// A model's fingerprint for chunk keys: its architecture, shape and a hash of
+// the GGUF file's bytes (weights included: chunks of different weights never mix).
+Result<std::string> ModelFingerprint(const std::string& gguf_path, const LlamaModelInfo& info);
+
+}  // namespace cachegen

@@ -1,0 +1,143 @@
+// llama-serve's engine on a real model (../shared/models/stories260K.gguf):
+// a repeated prompt loads its prefix from the store, and with a lossless
+// codec the completion is the same as with a full prefill.
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "cachegen/stream.h"
+#include "engine/llama/completion_engine.h"
+#include "serve/completion_server.h"
+#include "shared_data.h"
+
+namespace cachegen {
+namespace {
+
+using cachegen::testing::SharedPath;
+
+class LlamaServeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string model = SharedPath("models/stories260K.gguf");
+    const std::string text = SharedPath("data/tinystories/dev.txt");
+    if (model.empty() || text.empty()) GTEST_SKIP() << "../shared (stories260K.gguf, dev.txt) not found";
+    auto m = LlamaModel::Load(model);
+    ASSERT_TRUE(m.ok()) << m.status().message();
+    model_ = *m;
+    prompt_ = cachegen::testing::ReadTextFile(text).substr(0, 660);  // about 300 tokens of stories260K's vocabulary
+    auto s = OpenStore("mem://");
+    ASSERT_TRUE(s.ok()) << s.status().message();
+    store_ = std::move(*s);
+  }
+
+  std::unique_ptr<LlamaCompletionEngine> Engine(const std::string& codec, uint32_t levels) {
+    LlamaServeOptions o;
+    o.n_ctx = 512;
+    o.codec.codec = codec;
+    o.codec.levels = levels;
+    o.codec.chunk_tokens = 64;
+    o.model_fingerprint = "stories260K-test";
+    o.recompute_tokens_per_s = 1e5;
+    auto e = LlamaCompletionEngine::Create(model_, store_.get(), o);
+    EXPECT_TRUE(e.ok()) << e.status().message();
+    return e.ok() ? std::move(*e) : nullptr;
+  }
+
+  serve::CompletionRequest Request() const {
+    serve::CompletionRequest r;
+    r.prompt = prompt_;
+    r.max_tokens = 24;
+    r.temperature = 0;
+    return r;
+  }
+
+  std::shared_ptr<LlamaModel> model_;
+  std::unique_ptr<ChunkStore> store_;
+  std::string prompt_;
+};
+
+auto Ignore = [](const std::string&) { return true; };
+
+TEST_F(LlamaServeTest, SecondRequestLoadsItsPrefixAndGeneratesTheSameWithALosslessCodec) {
+  auto engine = Engine("fp16", 1);
+  ASSERT_TRUE(engine);
+  auto tokens = engine->PromptTokens(Request());
+  ASSERT_TRUE(tokens.ok());
+  ASSERT_GT(tokens->size(), 200u);
+  const uint32_t cacheable = static_cast<uint32_t>((tokens->size() - 1) / 64) * 64;
+
+  auto first = engine->Complete(0, Request(), Ignore);
+  ASSERT_TRUE(first.ok()) << first.status().message();
+  EXPECT_EQ(first->timings.cached_tokens, 0u);
+  EXPECT_EQ(first->timings.recomputed_tokens, tokens->size());
+  EXPECT_GT(first->timings.completion_tokens, 0u);
+  engine->FlushStores();
+
+  auto second = engine->Complete(0, Request(), Ignore);
+  ASSERT_TRUE(second.ok()) << second.status().message();
+  EXPECT_EQ(second->timings.cached_tokens, cacheable);
+  EXPECT_EQ(second->timings.recomputed_tokens, tokens->size() - cacheable);
+  EXPECT_GT(second->timings.transfer_bytes, 0u);
+  EXPECT_EQ(second->text, first->text);  // fp16 KV of an f16 cache is exact
+}
+
+TEST_F(LlamaServeTest, AMissingChunkEndsTheCachedPrefixAndTheRestIsRecomputed) {
+  auto engine = Engine("fp16", 1);
+  ASSERT_TRUE(engine);
+  auto first = engine->Complete(0, Request(), Ignore);
+  ASSERT_TRUE(first.ok());
+  engine->FlushStores();
+  auto tokens = engine->PromptTokens(Request());
+  ASSERT_TRUE(tokens.ok());
+  const std::vector<ChunkKey> keys = ChunkKeys(engine->chain_root(), *tokens, 64);
+  ASSERT_GT(keys.size(), 2u);
+  ASSERT_TRUE(store_->Delete(keys[2], 0).ok());
+  auto second = engine->Complete(0, Request(), Ignore);
+  ASSERT_TRUE(second.ok()) << second.status().message();
+  EXPECT_EQ(second->timings.cached_tokens, 128u);
+  EXPECT_EQ(second->text, first->text);
+}
+
+TEST_F(LlamaServeTest, LossyChunksLoadAndGenerate) {
+  auto engine = Engine("cachegen", 2);
+  ASSERT_TRUE(engine);
+  auto first = engine->Complete(0, Request(), Ignore);
+  ASSERT_TRUE(first.ok());
+  engine->FlushStores();
+  auto second = engine->Complete(0, Request(), Ignore);
+  ASSERT_TRUE(second.ok()) << second.status().message();
+  EXPECT_GT(second->timings.cached_tokens, 0u);
+  EXPECT_EQ(second->timings.levels.size(), second->timings.cached_tokens / 64);
+  EXPECT_GT(second->timings.completion_tokens, 0u);
+}
+
+TEST_F(LlamaServeTest, OverHttpTheSecondRequestReportsCachedTokens) {
+  auto engine = Engine("cachegen", 1);
+  ASSERT_TRUE(engine);
+  auto server = serve::CompletionServer::Start(engine.get(), {});
+  ASSERT_TRUE(server.ok()) << server.status().message();
+  httplib::Client client("127.0.0.1", (*server)->port());
+  client.set_read_timeout(std::chrono::seconds(60));
+  const std::string body = nlohmann::json({{"prompt", prompt_}, {"max_tokens", 8}, {"temperature", 0}}).dump();
+  auto r1 = client.Post("/v1/completions", body, "application/json");
+  ASSERT_TRUE(r1);
+  ASSERT_EQ(r1->status, 200) << r1->body;
+  engine->FlushStores();
+  auto r2 = client.Post("/v1/completions", body, "application/json");
+  ASSERT_TRUE(r2);
+  ASSERT_EQ(r2->status, 200) << r2->body;
+  auto j1 = nlohmann::json::parse(r1->body), j2 = nlohmann::json::parse(r2->body);
+  EXPECT_EQ(j1["timings"]["cached_tokens"], 0);
+  EXPECT_GT(j2["timings"]["cached_tokens"].get<int>(), 0);
+  EXPECT_GT(j2["timings"]["ttft_ms"].get<double>(), 0);
+  // A prompt longer than the context is a 400, not a crash.
+  std::string huge;
+  for (int i = 0; i < 600; ++i) huge += "the dog ran. ";
+  auto r3 = client.Post("/v1/completions", nlohmann::json({{"prompt", huge}}).dump(), "application/json");
+  ASSERT_TRUE(r3);
+  EXPECT_EQ(r3->status, 400) << r3->body;
+  (*server)->Stop();
+}
+
+}  // namespace
+}  // namespace cachegen

@@ -1,0 +1,149 @@
+// cachegen llama-serve: an OpenAI-compatible completion server on llama.cpp
+// whose long prompts load their KV prefix from a cachegen store.
+#include <csignal>
+#include <filesystem>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "cachegen/cli.h"
+#include "cachegen/command.h"
+#include "cachegen/service.h"
+#include "cachegen/store.h"
+#include "engine/llama/completion_engine.h"
+#include "engine/llama/random_model.h"
+#include "kv/io.h"
+#include "serve/completion_server.h"
+
+namespace cachegen::cli {
+namespace {
+
+struct LlamaServeArgs {
+  std::string model, store_uri, cache_server, token_file, listen = "127.0.0.1:8080";
+  LlamaServeOptions engine;
+  uint32_t queue = 16, max_tokens = 1024;
+  uint32_t max_prompt_tokens = 0;  // 0: the context size
+};
+
+Result<std::pair<std::string, int>> ParseListen(const std::string& s) {
+  const size_t colon = s.rfind(':');
+  if (colon == std::string::npos || colon == 0) return Status::InvalidArgument("--listen wants HOST:PORT, got '" + s + "'");
+  const std::string port = s.substr(colon + 1);
+  if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos ||
+      std::stoi(port) > 65535)
+    return Status::InvalidArgument("--listen: bad port '" + port + "'");
+  return std::make_pair(s.substr(0, colon), std::stoi(port));
+}
+
+// The shared stories260K when present; otherwise a random-weight tiny model
+// (made once, at a fixed path so chunk keys stay valid across restarts).
+Result<std::string> DefaultModelPath() {
+  for (const char* p : {"../shared/models/stories260K.gguf"})
+    if (std::filesystem::exists(p)) return std::string(p);
+  const std::string path = (std::filesystem::temp_directory_path() / "cachegen-random-tiny.gguf").string();
+  std::fprintf(stderr, "cachegen llama-serve: no --model and no ../shared/models/stories260K.gguf: using a "
+               "random-weight model %s (its text means nothing)\n", path.c_str());
+  if (std::filesystem::exists(path)) return path;
+  Result<engine::RandomModelShape> shape = engine::RandomModelPreset("tiny");
+  if (!shape.ok()) return shape.status();
+  Result<uint64_t> w = engine::WriteRandomModel(*shape, path);
+  if (!w.ok()) return w.status();
+  return path;
+}
+
+Result<std::unique_ptr<ChunkStore>> OpenCache(const LlamaServeArgs& a) {
+  if (!a.cache_server.empty()) {
+    ClientOptions co;
+    if (!a.token_file.empty()) {
+      Result<std::vector<uint8_t>> tok = ReadFileBytes(a.token_file);
+      if (!tok.ok()) return tok.status();
+      co.token.assign(tok->begin(), tok->end());
+      while (!co.token.empty() && (co.token.back() == '\n' || co.token.back() == '\r')) co.token.pop_back();
+    }
+    return ConnectService(a.cache_server, co);
+  }
+  return OpenStore(a.store_uri);
+}
+
+int RunLlamaServe(LlamaServeArgs a) {
+  Result<std::pair<std::string, int>> listen = ParseListen(a.listen);
+  if (!listen.ok()) return Fail(listen.status());
+  if (a.model.empty()) {
+    Result<std::string> path = DefaultModelPath();
+    if (!path.ok()) return Fail(path.status());
+    a.model = *path;
+  }
+  Result<std::shared_ptr<LlamaModel>> model = LlamaModel::Load(a.model);
+  if (!model.ok()) return Fail(model.status());
+  Result<std::unique_ptr<ChunkStore>> store = OpenCache(a);
+  if (!store.ok()) return Fail(store.status());
+  Result<std::string> fp = ModelFingerprint(a.model, (*model)->info());
+  if (!fp.ok()) return Fail(fp.status());
+  a.engine.model_fingerprint = *fp;
+  a.engine.model_name = a.model.substr(a.model.find_last_of('/') + 1);
+  Result<std::unique_ptr<LlamaCompletionEngine>> engine = LlamaCompletionEngine::Create(*model, store->get(), a.engine);
+  if (!engine.ok()) return Fail(engine.status());
+
+  serve::CompletionServerOptions so;
+  so.host = listen->first;
+  so.port = listen->second;
+  so.max_waiting = a.queue;
+  so.limits.max_tokens = a.max_tokens;
+  // Generous for text: a token is rarely more than 16 bytes.
+  so.limits.max_prompt_bytes = 16ull * (a.max_prompt_tokens ? a.max_prompt_tokens : a.engine.n_ctx) + 4096;
+  // Block the signals before the server's threads start, so only sigwait sees them.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  Result<std::unique_ptr<serve::CompletionServer>> server = serve::CompletionServer::Start(engine->get(), so);
+  if (!server.ok()) return Fail(server.status());
+  std::printf("cachegen llama-serve: %s (%u layers, %u KV heads, head dim %u) on http://%s:%d, store %s, %u slot(s), "
+              "chunks of %u tokens at %u level(s), prefill %.0f tokens/s\n",
+              a.engine.model_name.c_str(), (*model)->info().layers, (*model)->info().kv_heads,
+              (*model)->info().head_dim, so.host.c_str(), (*server)->port(), (*store)->uri().c_str(), a.engine.slots,
+              a.engine.codec.chunk_tokens, a.engine.codec.levels, (*engine)->recompute_tokens_per_s());
+  std::fflush(stdout);
+  int sig = 0;
+  sigwait(&sigs, &sig);
+  (*server)->Stop();
+  (*engine)->FlushStores();
+  return 0;
+}
+
+const bool kRegistered = RegisterCommand(50, [](CLI::App& root) -> CommandRunner {
+  auto a = std::make_shared<LlamaServeArgs>();
+  a->engine.codec.levels = 4;
+  CLI::App* sub = root.add_subcommand(
+      "llama-serve", "OpenAI-compatible llama.cpp server whose prompts' KV prefixes load from a cachegen store");
+  sub->add_option("--model", a->model, "GGUF model (default: ../shared/models/stories260K.gguf, else a random-weight tiny model)");
+  auto* st = sub->add_option("--store", a->store_uri, "Chunk store URI (file:///dir, mem://, redis://host:port, ...)");
+  auto* cs = sub->add_option("--cache-server", a->cache_server, "A cachegen serve URL (http://host:port) instead");
+  st->excludes(cs);
+  cs->excludes(st);
+  sub->add_option("--token-file", a->token_file, "Bearer token for --cache-server writes");
+  sub->add_option("--listen", a->listen, "HOST:PORT")->capture_default_str();
+  sub->add_option("--slots", a->engine.slots, "Concurrent requests (one llama.cpp context each)")->capture_default_str();
+  sub->add_option("--queue", a->queue, "Requests that may wait for a slot before 503")->capture_default_str();
+  sub->add_option("--ctx", a->engine.n_ctx, "Context size per slot (tokens)")->capture_default_str();
+  sub->add_option("--cache-type", a->engine.cache_type, "llama.cpp KV cache type: f16, bf16, f32")->capture_default_str();
+  sub->add_option("--threads", a->engine.threads, "llama.cpp threads per slot (0: its default)")->capture_default_str();
+  sub->add_option("--ttft-target", a->engine.ttft_target_ms, "Deadline (ms) for loading a cached prefix; 0 = none")
+      ->capture_default_str();
+  sub->add_option("--chunk-tokens", a->engine.codec.chunk_tokens, "Tokens per stored chunk")->capture_default_str();
+  sub->add_option("--levels", a->engine.codec.levels, "Quality levels stored per chunk")->capture_default_str();
+  sub->add_option("--bits", a->engine.codec.bits_per_value, "Bits per value of the best level (0 = codec default)");
+  sub->add_option("--codec", a->engine.codec.codec, "Codec of stored chunks")->capture_default_str();
+  sub->add_option("--max-tokens", a->max_tokens, "Largest max_tokens a request may ask for")->capture_default_str();
+  sub->add_flag("!--no-store-new", a->engine.store_new_chunks, "Do not store new chunks after prefill");
+  return [sub, a]() -> std::optional<int> {
+    if (!*sub) return std::nullopt;
+    if (a->store_uri.empty() && a->cache_server.empty())
+      return Fail(Status::InvalidArgument("llama-serve needs --store URI or --cache-server URL"));
+    return RunLlamaServe(*a);
+  };
+});
+
+}  // namespace
+}  // namespace cachegen::cli
