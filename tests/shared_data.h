@@ -8,7 +8,7 @@
 #include <iterator>
 #include <string>
 
-namespace cachegen::testing {
+namespace cachegen::test_data {
 
 // The path of `rel` under ../shared, or "" when it is absent (tests skip then).
 inline std::string SharedPath(const std::string& rel) {
@@ -22,4 +22,4 @@ inline std::string ReadTextFile(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-}  // namespace cachegen::testing
+}  // namespace cachegen::test_data

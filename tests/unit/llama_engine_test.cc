@@ -10,22 +10,13 @@
 #include <gtest/gtest.h>
 
 #include "cachegen/codec.h"
+#include "shared_data.h"
 
 namespace cachegen {
 namespace {
 
-// Tests run from the build folder; the repository root is its parent.
-std::string SharedPath(const std::string& rel) {
-  for (const std::string& p : {std::string("../../shared/") + rel, "../shared/" + rel}) {
-    if (std::filesystem::exists(p)) return p;
-  }
-  return "";
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+using cachegen::test_data::ReadTextFile;
+using cachegen::test_data::SharedPath;
 
 class LlamaEngineTest : public ::testing::Test {
  protected:
@@ -36,7 +27,7 @@ class LlamaEngineTest : public ::testing::Test {
     auto m = LlamaModel::Load(path);
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     model_ = *m;
-    auto toks = model_->Tokenize(ReadFile(text));
+    auto toks = model_->Tokenize(ReadTextFile(text));
     ASSERT_TRUE(toks.ok());
     ASSERT_GT(toks->size(), 200u);
     tokens_ = {model_->info().bos};

@@ -13,7 +13,7 @@
 namespace cachegen {
 namespace {
 
-using cachegen::testing::SharedPath;
+using cachegen::test_data::SharedPath;
 
 class LlamaServeTest : public ::testing::Test {
  protected:
@@ -24,7 +24,7 @@ class LlamaServeTest : public ::testing::Test {
     auto m = LlamaModel::Load(model);
     ASSERT_TRUE(m.ok()) << m.status().message();
     model_ = *m;
-    prompt_ = cachegen::testing::ReadTextFile(text).substr(0, 660);  // about 300 tokens of stories260K's vocabulary
+    prompt_ = cachegen::test_data::ReadTextFile(text).substr(0, 660);  // about 300 tokens of stories260K's vocabulary
     auto s = OpenStore("mem://");
     ASSERT_TRUE(s.ok()) << s.status().message();
     store_ = std::move(*s);

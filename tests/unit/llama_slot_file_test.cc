@@ -17,13 +17,13 @@ namespace {
 class SlotFileTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::string model = cachegen::testing::SharedPath("models/stories260K.gguf");
-    const std::string text = cachegen::testing::SharedPath("data/tinystories/sample.txt");
+    const std::string model = cachegen::test_data::SharedPath("models/stories260K.gguf");
+    const std::string text = cachegen::test_data::SharedPath("data/tinystories/sample.txt");
     if (model.empty() || text.empty()) GTEST_SKIP() << "../shared (stories260K.gguf, sample.txt) not found";
     auto m = LlamaModel::Load(model);
     ASSERT_TRUE(m.ok()) << m.status().message();
     model_ = *m;
-    auto t = model_->Tokenize(cachegen::testing::ReadTextFile(text));
+    auto t = model_->Tokenize(cachegen::test_data::ReadTextFile(text));
     ASSERT_TRUE(t.ok());
     tokens_.assign(t->begin(), t->begin() + std::min<size_t>(t->size(), 200));
     path_ = (std::filesystem::temp_directory_path() / ("cachegen-slot-" + std::to_string(getpid()) + ".bin")).string();
