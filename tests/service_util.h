@@ -1,5 +1,5 @@
 // Helpers for the service tests: raw HTTP over a loopback socket, a small
-// encoded context, temp directories.
+// encoded context, checking streamed chunks, temp directories.
 #pragma once
 
 #include <arpa/inet.h>
@@ -7,8 +7,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <gtest/gtest.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <random>
 #include <string>
@@ -16,6 +20,7 @@
 
 #include "cachegen/codec.h"
 #include "cachegen/stream.h"
+#include "cachegen/stream_client.h"
 #include "kv/synthetic.h"
 
 namespace cachegen::testing_service {
@@ -88,6 +93,22 @@ inline TestContext MakeContext(uint32_t tokens = 56, uint64_t seed = 7) {
   c.config.levels = 3;
   c.config.threads = 1;
   return c;
+}
+
+// A delivered chunk equals a direct decode of its frame encoded here from c.kv.
+inline void ExpectDirectDecode(const TestContext& c, const StreamedChunk& s) {
+  auto enc = Encoder::Create(c.config);
+  ASSERT_TRUE(enc.ok());
+  const uint32_t start = s.index * c.chunk_tokens;
+  const uint32_t n = std::min<uint32_t>(c.chunk_tokens, c.kv.shape().tokens - start);
+  EXPECT_EQ(s.token_start, start);
+  auto frames = enc->EncodeChunk(c.kv.view().Tokens(start, n), start, c.kv.shape().tokens);
+  ASSERT_TRUE(frames.ok());
+  ASSERT_LT(s.level, frames->size());
+  KVTensor direct(s.kv->shape(), s.kv->dtype());
+  ASSERT_TRUE(DecodeFrame((*frames)[s.level], direct.view()).ok());
+  ASSERT_EQ(direct.size_bytes(), s.kv->size_bytes());
+  EXPECT_EQ(std::memcmp(direct.data(), s.kv->data(), direct.size_bytes()), 0) << "chunk " << s.index;
 }
 
 inline std::filesystem::path TempDir(const std::string& name) {

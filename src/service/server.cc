@@ -24,17 +24,18 @@ constexpr std::array<double, 12> kBuckets = {0.0005, 0.001, 0.0025, 0.005, 0.01,
 class Metrics {
  public:
   void Request(const std::string& method, const std::string& route, int code, uint64_t in_bytes,
-               uint64_t out_bytes, double seconds) {
+               uint64_t out_bytes) {
     std::lock_guard<std::mutex> lock(mu_);
     ++requests_[{method, route, code}];
     bytes_in_ += in_bytes;
     bytes_out_ += out_bytes;
-    if (seconds >= 0) {
-      for (size_t i = 0; i < kBuckets.size(); ++i)
-        if (seconds <= kBuckets[i]) ++buckets_[i];
-      ++latency_count_;
-      latency_sum_ += seconds;
-    }
+  }
+  void Duration(double seconds) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < kBuckets.size(); ++i)
+      if (seconds <= kBuckets[i]) ++buckets_[i];
+    ++latency_count_;
+    latency_sum_ += seconds;
   }
   void Hit() { hits_.fetch_add(1, std::memory_order_relaxed); }
   void Miss() { misses_.fetch_add(1, std::memory_order_relaxed); }
@@ -144,11 +145,18 @@ class HttpService final : public Service {
       tls.out_bytes = 0;
       return httplib::Server::HandlerResponse::Unhandled;
     });
-    server_.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-      const double seconds = tls.started ? std::chrono::duration<double>(Clock::now() - tls.start).count() : -1;
-      tls.started = false;
+    // Counters are taken just before the response goes out (httplib's
+    // post-routing handler), so a client that has its answer sees it counted
+    // in its next /metrics; httplib calls the logger only after the last byte
+    // was written, which is where the duration is known.
+    server_.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       metrics_.Request(req.method, Route(req.path), res.status, req.body.size(),
-                       tls.out_bytes ? tls.out_bytes : res.body.size(), seconds);
+                       tls.out_bytes ? tls.out_bytes : res.body.size());
+      tls.out_bytes = 0;  // requests refused before routing do not reset it
+    });
+    server_.set_logger([this](const httplib::Request&, const httplib::Response&) {
+      if (tls.started) metrics_.Duration(std::chrono::duration<double>(Clock::now() - tls.start).count());
+      tls.started = false;
     });
     server_.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
       Error(res, 500, "internal error");

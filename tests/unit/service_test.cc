@@ -241,8 +241,6 @@ TEST_P(ServiceTest, HeadGetDeleteAndLookup) {
 
 // Every delivered chunk equals a direct decode of the frame encoded locally.
 void ExpectRoundTrip(ChunkStore& remote, const TestContext& c, int fixed_level) {
-  auto enc = Encoder::Create(c.config);
-  ASSERT_TRUE(enc.ok());
   StreamOptions opts;
   opts.deadline_ms = 60000;
   opts.fixed_level = fixed_level;
@@ -252,16 +250,7 @@ void ExpectRoundTrip(ChunkStore& remote, const TestContext& c, int fixed_level) 
   auto r = client.FetchTokens(c.root, c.tokens, c.chunk_tokens, opts, [&](const StreamedChunk& s) {
     EXPECT_EQ(s.index, delivered) << "chunks are delivered in order";
     ++delivered;
-    const uint32_t start = s.index * c.chunk_tokens;
-    const uint32_t n = std::min<uint32_t>(c.chunk_tokens, c.kv.shape().tokens - start);
-    EXPECT_EQ(s.token_start, start);
-    auto frames = enc->EncodeChunk(c.kv.view().Tokens(start, n), start, c.kv.shape().tokens);
-    ASSERT_TRUE(frames.ok());
-    ASSERT_LT(s.level, frames->size());
-    KVTensor direct(s.kv->shape(), s.kv->dtype());
-    ASSERT_TRUE(DecodeFrame((*frames)[s.level], direct.view()).ok());
-    ASSERT_EQ(direct.size_bytes(), s.kv->size_bytes());
-    EXPECT_EQ(std::memcmp(direct.data(), s.kv->data(), direct.size_bytes()), 0) << "chunk " << s.index;
+    ExpectDirectDecode(c, s);
   });
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->cached, 4u);
