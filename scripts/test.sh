@@ -80,8 +80,8 @@ else
 fi
 
 echo "== bench smoke"
-build/cachegen bench --synthetic 4,2,64,128 --reps 1 --json >build/bench_smoke.json
-python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["codecs"], "no codecs"; print("bench json ok:", ", ".join(c["name"]+"="+c["status"] for c in d["codecs"]))' build/bench_smoke.json
+build/cachegen bench --synthetic 4,2,64,128 --reps 1 --threads 2 --thread-scaling --json >build/bench_smoke.json
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["codecs"], "no codecs"; ok=[c for c in d["codecs"] if c["status"]=="ok"]; assert ok and all([p["threads"] for p in c["thread_scaling"]]==[1,2] for c in ok), "thread_scaling"; print("bench json ok:", ", ".join(c["name"]+"="+c["status"] for c in d["codecs"]))' build/bench_smoke.json
 
 echo "== CLI smoke"
 tmp="$(mktemp -d)"

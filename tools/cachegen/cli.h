@@ -40,6 +40,7 @@ struct BenchOptions {
   uint32_t reps = 3;
   uint32_t chunk_tokens = 256;
   uint32_t threads = 0;  // for the "all threads" numbers
+  bool thread_scaling = false;  // also decode MB/s at 1, 2, ..., threads threads
   bool json = false;
 };
 

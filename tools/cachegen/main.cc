@@ -237,6 +237,8 @@ int Main(int argc, char** argv) {
   bench->add_option("--reps", bo.reps, "Repetitions; the median is reported")->capture_default_str();
   bench->add_option("--chunk-tokens", bo.chunk_tokens, "Tokens per chunk")->capture_default_str();
   bench->add_option("--threads", bo.threads, "Threads for the multi-threaded numbers (0 = all)")->capture_default_str();
+  bench->add_flag("--thread-scaling", bo.thread_scaling,
+                  "Also measure decode MB/s at 1, 2, ..., --threads threads (speedup vs 1 thread)");
   bench->add_flag("--json", bo.json, "Print exactly one JSON object");
 
   CLI::App* demo = app.add_subcommand(
