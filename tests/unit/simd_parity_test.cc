@@ -1,0 +1,193 @@
+// The SIMD decode paths against the scalar ones, selected in-process with
+// simd::SetEnabled: the same streams and containers must decode to identical
+// output either way. Covers every lane count, lengths around the decoders'
+// block sizes (odd, shorter than a block, one symbol), escape symbols, and
+// several 8-lane streams decoded together (the AVX2 lockstep groups of 8, 4
+// and 2 streams plus a single one, with unequal lengths).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "cachegen/codec.h"
+#include "codec/rans.h"
+#include "common/simd.h"
+
+namespace cachegen {
+namespace {
+
+class SimdParity : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    simd::SetEnabled(true);
+    if (!simd::Avx2()) GTEST_SKIP() << "CPU without AVX2/F16C/BMI2 (or CACHEGEN_SIMD=0): only the scalar path exists";
+  }
+  void TearDown() override { simd::SetEnabled(true); }
+};
+
+// Mostly small geometric values, with huge ones (escapes) mixed in when asked.
+std::vector<uint32_t> Symbols(size_t n, uint64_t seed, bool escapes) {
+  std::mt19937_64 rng(seed);
+  std::geometric_distribution<uint32_t> geo(0.35);
+  std::vector<uint32_t> v(n);
+  for (auto& x : v) {
+    x = geo(rng);
+    if (escapes && rng() % 50 == 0) x = static_cast<uint32_t>(rng() >> (rng() % 33 + 31));
+  }
+  return v;
+}
+
+std::vector<uint8_t> EncodeAll(const std::vector<std::vector<uint32_t>>& streams, uint32_t lanes) {
+  std::vector<uint8_t> buf;
+  ByteWriter w(&buf);
+  for (const auto& s : streams) rans::EncodeStream(s, w, {lanes});
+  return buf;
+}
+
+// Decodes the concatenated streams together (ParseStream + DecodeParsed).
+std::vector<std::vector<uint32_t>> DecodeAll(const std::vector<uint8_t>& buf,
+                                             const std::vector<std::vector<uint32_t>>& like, bool use_simd) {
+  simd::SetEnabled(use_simd);
+  ByteReader r(buf);
+  std::vector<std::unique_ptr<rans::ParsedStream>> parsed;
+  std::vector<std::vector<uint32_t>> out;
+  for (const auto& s : like) {
+    parsed.push_back(std::make_unique<rans::ParsedStream>());
+    out.emplace_back(s.size(), 0xdeadbeef);
+    Status st = rans::ParseStream(r, s.size(), parsed.back().get());
+    EXPECT_TRUE(st.ok()) << st.message();
+  }
+  std::vector<rans::ParsedStream*> ps;
+  std::vector<uint32_t*> po;
+  for (size_t k = 0; k < like.size(); ++k) {
+    ps.push_back(parsed[k].get());
+    po.push_back(out[k].data());
+  }
+  Status st = rans::DecodeParsed(ps, po);
+  EXPECT_TRUE(st.ok()) << st.message();
+  simd::SetEnabled(true);
+  return out;
+}
+
+TEST_F(SimdParity, RansEveryLaneCountAndLength) {
+  const size_t lengths[] = {1, 2, 7, 8, 9, 63, 64, 65, 71, 127, 128, 129, 200, 511, 1031, 4099};
+  for (uint32_t lanes = 1; lanes <= rans::kMaxLanes; ++lanes)
+    for (size_t n : lengths)
+      for (bool esc : {false, true}) {
+        const std::vector<std::vector<uint32_t>> s = {Symbols(n, lanes * 1000 + n, esc)};
+        const std::vector<uint8_t> buf = EncodeAll(s, lanes);
+        const auto scalar = DecodeAll(buf, s, false);
+        const auto vec = DecodeAll(buf, s, true);
+        ASSERT_EQ(scalar, s) << "lanes " << lanes << " n " << n << " escapes " << esc;
+        ASSERT_EQ(vec, s) << "lanes " << lanes << " n " << n << " escapes " << esc;
+      }
+}
+
+TEST_F(SimdParity, RansStreamGroups) {
+  // 1..19 streams of 8 lanes: groups of 8, then 4, 2 and a single stream;
+  // unequal lengths so grouped streams finish at different points.
+  for (size_t count = 1; count <= 19; ++count) {
+    std::vector<std::vector<uint32_t>> s;
+    for (size_t k = 0; k < count; ++k) s.push_back(Symbols(300 + 97 * ((k * 7) % 5) + k, count * 100 + k, k % 3 == 1));
+    if (count == 5) s[2] = std::vector<uint32_t>(100, 4);  // a constant stream in the middle of a group
+    const std::vector<uint8_t> buf = EncodeAll(s, 8);
+    const auto scalar = DecodeAll(buf, s, false);
+    const auto vec = DecodeAll(buf, s, true);
+    ASSERT_EQ(scalar, s) << count << " streams";
+    ASSERT_EQ(vec, s) << count << " streams";
+  }
+}
+
+TEST_F(SimdParity, RansCorruptPayloadFailsOnBothPaths) {
+  std::vector<std::vector<uint32_t>> s;
+  for (int k = 0; k < 8; ++k) s.push_back(Symbols(2000, 77 + k, true));
+  std::vector<uint8_t> buf = EncodeAll(s, 8);
+  std::mt19937_64 rng(5);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<uint8_t> bad = buf;
+    bad[rng() % bad.size()] ^= static_cast<uint8_t>(1 + rng() % 255);
+    Status results[2];
+    std::vector<std::vector<uint32_t>> outs[2];
+    for (int simd_on = 0; simd_on < 2; ++simd_on) {
+      simd::SetEnabled(simd_on);
+      ByteReader r(bad);
+      std::vector<std::unique_ptr<rans::ParsedStream>> parsed;
+      std::vector<rans::ParsedStream*> ps;
+      std::vector<uint32_t*> po;
+      outs[simd_on].assign(s.size(), std::vector<uint32_t>(2000, 0));
+      Status st;
+      for (size_t k = 0; k < s.size() && st.ok(); ++k) {
+        parsed.push_back(std::make_unique<rans::ParsedStream>());
+        st = rans::ParseStream(r, 2000, parsed.back().get());
+        ps.push_back(parsed.back().get());
+        po.push_back(outs[simd_on][k].data());
+      }
+      if (st.ok()) st = rans::DecodeParsed(ps, po);
+      results[simd_on] = st;
+    }
+    simd::SetEnabled(true);
+    // Same verdict; where both accept, the same symbols.
+    ASSERT_EQ(results[0].ok(), results[1].ok()) << "trial " << trial << ": " << results[0].message() << " / "
+                                                << results[1].message();
+    if (results[0].ok()) {
+      ASSERT_EQ(outs[0], outs[1]) << "trial " << trial;
+    }
+  }
+}
+
+// Whole containers through the public decoder, every output dtype.
+TEST_F(SimdParity, ContainersDecodeIdentically) {
+  struct Case {
+    KVShape shape;
+    uint32_t chunk_tokens, group_tokens;
+    bool rotate;
+    double max_rel_error;  // 0: default rate control
+  };
+  const Case cases[] = {
+      {{2, 4, 64, 67}, 32, 0, false, 0},      // default (delta groups), odd token count
+      {{1, 8, 128, 50}, 25, 1, false, 0},     // no delta: 8 single streams per section
+      {{1, 3, 64, 41}, 0, 4, true, 0},        // rotation, G = 4 (unequal anchor/delta streams)
+      {{1, 2, 16, 40}, 40, 0, false, 0.0005}, // high rate: many escapes
+      {{1, 2, 16, 5}, 1, 0, false, 0},        // one-token chunks
+  };
+  std::mt19937_64 rng(11);
+  for (const Case& c : cases) {
+    KVTensor in(c.shape, DType::kF32);
+    const KVView v = in.view();
+    for (uint32_t l = 0; l < c.shape.layers; ++l)
+      for (KV kv : {KV::kKey, KV::kValue})
+        for (uint32_t t = 0; t < c.shape.tokens; ++t)
+          for (uint32_t h = 0; h < c.shape.kv_heads; ++h)
+            for (uint32_t d = 0; d < c.shape.head_dim; ++d)
+              v.Set(l, kv, t, h, d, static_cast<float>(static_cast<int64_t>(rng() % 2001) - 1000) / 300.0f +
+                                        (d % 29 == 3 ? 5.0f : 0.0f));
+    CodecConfig cfg;
+    cfg.codec = "cachegen";
+    cfg.chunk_tokens = c.chunk_tokens;
+    cfg.group_tokens = c.group_tokens;
+    cfg.rotate = c.rotate;
+    cfg.max_rel_error = c.max_rel_error;
+    cfg.threads = 1;
+    auto enc = Encoder::Create(cfg);
+    ASSERT_TRUE(enc.ok()) << enc.status().message();
+    auto bytes = enc->Encode(in.view());
+    ASSERT_TRUE(bytes.ok()) << bytes.status().message();
+    auto dec = Decoder::Open(*bytes);
+    ASSERT_TRUE(dec.ok()) << dec.status().message();
+    for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
+      simd::SetEnabled(false);
+      auto scalar = dec->Decode(dt, 0, 1);
+      simd::SetEnabled(true);
+      auto vec = dec->Decode(dt, 0, 1);
+      ASSERT_TRUE(scalar.ok() && vec.ok());
+      ASSERT_EQ(scalar->size_bytes(), vec->size_bytes());
+      ASSERT_EQ(0, std::memcmp(scalar->data(), vec->data(), vec->size_bytes()))
+          << c.shape.ToString() << " " << DTypeName(dt);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace cachegen
