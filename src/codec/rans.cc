@@ -693,24 +693,34 @@ Status DecodeOne(ParsedStream& s, uint32_t* out, size_t done_symbols, size_t don
 template <int K>
 __attribute__((target("avx2,bmi2"))) void DecodeGroupAvx2(ParsedStream* const* s, uint32_t* const* o,
                                                          size_t* done_syms, size_t* done_words) {
+  // Everything a round needs in locals: the output stores could alias the
+  // ParsedStream fields, which would otherwise be reloaded every round.
   __m256i x[K];
   size_t pos[K], nw[K];
+  const int* tbl[K];
+  const uint8_t* body[K];
+  uint32_t* out[K];
   size_t n = s[0]->n;
   for (int k = 0; k < K; ++k) {
     x[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s[k]->state));
     pos[k] = 0;
     nw[k] = BodyWords(*s[k]);
+    tbl[k] = reinterpret_cast<const int*>(s[k]->table);
+    body[k] = Body(*s[k]);
+    out[k] = o[k];
     n = std::min(n, s[k]->n);
   }
   size_t i = 0;
   for (;;) {
-    bool room = n - i >= 8;
-    for (int k = 0; k < K; ++k) room &= nw[k] - pos[k] >= 16;
-    if (!room) break;
+    // A round reads 8 words at pos and consumes at most 8: `rounds` more
+    // rounds stay inside every payload while each has >= 8 * rounds + 8 words left.
+    size_t rounds = (n - i) / 8;
+    for (int k = 0; k < K; ++k) rounds = std::min(rounds, nw[k] - pos[k] >= 16 ? (nw[k] - pos[k] - 8) / 8 : 0);
+    if (rounds == 0) break;
+    for (size_t r = 0; r < rounds; ++r, i += 8) {
 #pragma GCC unroll 8
-    for (int k = 0; k < K; ++k)
-      pos[k] = Block8Avx2<1>(x[k], reinterpret_cast<const int*>(s[k]->table), Body(*s[k]), pos[k], o[k] + i);
-    i += 8;
+      for (int k = 0; k < K; ++k) pos[k] = Block8Avx2<1>(x[k], tbl[k], body[k], pos[k], out[k] + i);
+    }
   }
   for (int k = 0; k < K; ++k) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(s[k]->state), x[k]);

@@ -232,6 +232,48 @@ __attribute__((target("avx2"))) void DequantAvx2(const uint32_t* sym, const floa
   }
   DequantScalar(sym + d, pred + d, st + d, out + d, n - d);
 }
+
+// Dequantization fused with the f16 store (no rotation, f16 output with
+// contiguous dims): dst[d] = f16(pred[d] + q * st[d]); keep (if not null)
+// receives the f32 values. Same values as DequantAvx2 + StoreRow(kF16): F16C
+// rounds like F32ToF16 except for NaN payloads, which go through StoreRow.
+__attribute__((target("avx2,f16c"), always_inline)) inline __m256 Dequant8Avx2(const uint32_t* sym, const float* pred,
+                                                                                const float* st) {
+  const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sym));
+  const __m256i q = _mm256_xor_si256(_mm256_srli_epi32(u, 1),
+                                     _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_and_si256(u, _mm256_set1_epi32(1))));
+  return _mm256_add_ps(_mm256_loadu_ps(pred), _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_loadu_ps(st)));
+}
+
+__attribute__((target("avx2,f16c"))) void DequantF16Avx2(const uint32_t* sym, const float* pred, const float* st,
+                                                         float* keep, uint8_t* dst, uint32_t n) {
+  const size_t n8 = n & ~size_t{7};
+  __m256 nan = _mm256_setzero_ps();
+  if (keep) {
+    for (size_t d = 0; d < n8; d += 8) {
+      const __m256 v = Dequant8Avx2(sym + d, pred + d, st + d);
+      _mm256_storeu_ps(keep + d, v);
+      nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 2 * d), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    }
+  } else {
+    for (size_t d = 0; d < n8; d += 8) {
+      const __m256 v = Dequant8Avx2(sym + d, pred + d, st + d);
+      nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 2 * d), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    }
+  }
+  // A NaN (only from hostile or overflowing input) redoes the 8-value blocks
+  // through StoreRow, which keeps F32ToF16's NaN encoding.
+  const bool any_nan = !_mm256_testz_ps(nan, nan);
+  for (size_t d = any_nan ? 0 : n8; d < n; d += 8) {
+    const uint32_t m = static_cast<uint32_t>(std::min<size_t>(8, n - d));
+    float tmp[8];
+    DequantScalar(sym + d, pred + d, st + d, tmp, m);
+    if (keep && d >= n8) std::memcpy(keep + d, tmp, m * sizeof(float));
+    StoreRow(DType::kF16, tmp, m, dst + 2 * d);
+  }
+}
 #endif
 
 using DequantFn = void (*)(const uint32_t*, const float*, const float*, float*, uint32_t);
@@ -318,6 +360,10 @@ Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> pa
   float* row = Grow(sc.row, D);
   const DequantFn dequant = PickDequant();
   const uint32_t G = use_delta ? l.group_tokens : 1;
+#if defined(__x86_64__)
+  const bool fused_f16 =
+      !l.rotate && sink.view.dtype() == DType::kF16 && sink.view.strides().dim == 1 && simd::Avx2();
+#endif
 
   for (uint32_t h0 = 0; h0 < H; h0 += batch) {
     const uint32_t hn = std::min(batch, H - h0);
@@ -343,6 +389,25 @@ Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> pa
       const size_t c0 = size_t{head} * D;
       const uint32_t* asym = symbols + size_t{h} * (na + nd);
       const uint32_t* dsym = asym + na;
+#if defined(__x86_64__)
+      if (fused_f16) {
+        for (uint32_t g0 = 0; g0 < tq; g0 += G) {
+          const uint32_t g1 = std::min(g0 + G, tq);
+          for (uint32_t t = g0; t < g1; ++t) {
+            const float* stt = (t >= l.recent_begin ? st_recent : st) + c0;
+            uint8_t* dst = static_cast<uint8_t*>(sink.view.Pointer(sink.layer, sink.kv, t, head, 0));
+            if (t == g0) {
+              DequantF16Avx2(asym, mean + c0, stt, anchor, dst, D);
+              asym += D;
+            } else {
+              DequantF16Avx2(dsym, anchor, stt, nullptr, dst, D);
+              dsym += D;
+            }
+          }
+        }
+        continue;
+      }
+#endif
       for (uint32_t g0 = 0; g0 < tq; g0 += G) {
         const uint32_t g1 = std::min(g0 + G, tq);
         for (uint32_t t = g0; t < g1; ++t) {
