@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "cachegen/codec.h"
 #include "cachegen/engine.h"
 
 struct llama_model;
@@ -35,6 +36,17 @@ struct RopeParams {
   double freq_base = 10000.0;
   double freq_scale = 1.0;
 };
+
+struct LlamaModelInfo;
+
+// The codec's RoPE setting for a model (CodecConfig::rope): its normal or NeoX
+// RoPE, or none (kind kNone) for models without RoPE or with another kind
+// (M-RoPE, vision...), whose keys are then coded as cached.
+RopeConfig CodecRope(const LlamaModelInfo& info);
+
+// True when positions[t] == first + t for every t: the codec's RoPE handling
+// assumes chunk token t sits at position token_start + t.
+bool PositionsFrom(std::span<const int32_t> positions, int32_t first);
 
 struct LlamaModelInfo {
   std::string architecture;

@@ -102,7 +102,12 @@ Result<std::vector<uint8_t>> CompressSlotFile(std::span<const uint8_t> slot_file
   const uint32_t width = state->sections[0].streams[0].k_width[0];
   Result<KVTensor> kv = ExtractLlamaKV(blob, *state, kv_heads ? kv_heads : PickKVHeads(width));
   if (!kv.ok()) return kv.status();
-  Result<Encoder> enc = Encoder::Create(config);
+  // The codec's RoPE handling puts token t at position t: other cell
+  // positions (a shifted or pruned cache) are coded as they are.
+  CodecConfig cfg = config;
+  for (size_t t = 0; t < layout->pos.size(); ++t)
+    if (layout->pos[t] != static_cast<int32_t>(t)) cfg.rope = RopeConfig{};
+  Result<Encoder> enc = Encoder::Create(cfg);
   if (!enc.ok()) return enc.status();
   Result<std::vector<uint8_t>> container = enc->Encode(kv->view(), stats);
   if (!container.ok()) return container.status();

@@ -35,7 +35,7 @@ TEST(LlamaEvalTest, RandomModelOneWindow) {
   EvalOptions o;
   o.model_path = path;
   o.text = Text();
-  o.codecs = {"fp16", "q8", "cachegen", "cachegen+rope", "llama-q8_0"};
+  o.codecs = {"fp16", "q8", "cachegen", "cachegen-ref", "llama-q8_0"};
   o.bits = {2};
   o.context = 32;
   o.continuation = 8;

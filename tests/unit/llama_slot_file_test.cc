@@ -74,9 +74,13 @@ TEST_F(SlotFileTest, CompressedSlotLoadsIntoLlamaCppAndPredictsAlike) {
   ASSERT_TRUE(ctx->Eval(std::span<const int32_t>(&next, 1), static_cast<int32_t>(tokens_.size())).ok());
   std::vector<float> exact(ctx->Logits(0).begin(), ctx->Logits(0).end());
 
-  CodecConfig cfg;  // cachegen at its default rate
+  // cachegen at its default rate, keys as cached and with the model's RoPE undone.
+  for (bool rope : {false, true}) {
+  SCOPED_TRACE(rope ? "rope" : "no rope");
+  CodecConfig cfg;
+  if (rope) cfg.rope = CodecRope(model_->info());
   EncodeStats stats;
-  auto packed = CompressSlotFile(slot, cfg, 0, &stats);
+  auto packed = CompressSlotFile(slot, cfg, rope ? model_->info().kv_heads : 0, &stats);
   ASSERT_TRUE(packed.ok()) << packed.status().message();
   EXPECT_LT(packed->size() * 4, slot.size());  // well under a quarter of the f16 slot
   auto restored = RestoreSlotFile(*packed);
@@ -94,6 +98,7 @@ TEST_F(SlotFileTest, CompressedSlotLoadsIntoLlamaCppAndPredictsAlike) {
   ASSERT_EQ(approx.size(), exact.size());
   EXPECT_EQ(std::max_element(approx.begin(), approx.end()) - approx.begin(),
             std::max_element(exact.begin(), exact.end()) - exact.begin());
+  }
 }
 
 TEST_F(SlotFileTest, DamagedFilesAreErrorsNeverCrashes) {

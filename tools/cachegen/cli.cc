@@ -6,10 +6,58 @@
 #include <limits>
 #include <string_view>
 
+#include <CLI/CLI.hpp>
+
 #include "kv/io.h"
 #include "kv/synthetic.h"
 
 namespace cachegen::cli {
+
+namespace {
+std::function<Result<ModelKeyFacts>(const std::string&)>& ModelReader() {
+  static std::function<Result<ModelKeyFacts>(const std::string&)> reader;
+  return reader;
+}
+}  // namespace
+
+void SetModelReader(std::function<Result<ModelKeyFacts>(const std::string&)> reader) {
+  ModelReader() = std::move(reader);
+}
+
+Result<ModelKeyFacts> ReadModelKeyFacts(const std::string& gguf) {
+  if (!ModelReader()) return Status::Unsupported("--model needs a build with llama.cpp (or give --rope ...)");
+  return ModelReader()(gguf);
+}
+
+void AddRopeOptions(CLI::App* app, RopeArgs* a, bool model_flag) {
+  app->add_option("--rope", a->kind,
+                  "cachegen: keys are post-RoPE of this kind (none, normal, neox): RoPE is undone before coding and "
+                  "redone on decode (key of token t at position token_start + t)")
+      ->check(CLI::IsMember({"none", "normal", "neox"}));
+  app->add_option("--rope-dims", a->dims, "cachegen: rotated dims per head (0 = head dim)")->capture_default_str();
+  app->add_option("--rope-theta", a->theta, "cachegen: RoPE frequency base")->capture_default_str();
+  app->add_option("--rope-scale", a->scale, "cachegen: RoPE frequency scale")->capture_default_str();
+  if (model_flag) {
+    app->add_option("--model", a->model, "GGUF model whose RoPE parameters are used (RoPE handling on)");
+    app->add_flag("--no-rope", a->off, "Code keys as they are (post-RoPE) even with --model");
+  }
+}
+
+Result<RopeConfig> ResolveRope(const RopeArgs& a) {
+  RopeConfig r;
+  if (!a.kind.empty()) {
+    if (a.kind == "none") return r;
+    r.kind = a.kind == "neox" ? RopeConfig::Kind::kNeox : RopeConfig::Kind::kNormal;
+    r.dims = a.dims;
+    r.freq_base = a.theta;
+    r.freq_scale = a.scale;
+    return r;
+  }
+  if (a.model.empty() || a.off) return r;
+  Result<ModelKeyFacts> m = ReadModelKeyFacts(a.model);
+  if (!m.ok()) return m.status();
+  return m->rope;
+}
 
 int Fail(const Status& st) {
   std::fprintf(stderr, "cachegen: error: %s\n", st.message().c_str());

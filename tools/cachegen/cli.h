@@ -5,10 +5,39 @@
 #include <string>
 #include <vector>
 
+#include <functional>
+
+#include "cachegen/codec.h"
 #include "cachegen/kv.h"
 #include "cachegen/status.h"
 
+namespace CLI {
+class App;
+}
+
 namespace cachegen::cli {
+
+// RoPE options of a command that encodes (--rope, --rope-dims, --rope-theta,
+// --rope-scale; with `model_flag` also --model and --no-rope).
+struct RopeArgs {
+  std::string kind;  // "", none, normal, neox
+  uint32_t dims = 0;
+  double theta = 10000.0, scale = 1.0;
+  std::string model;  // GGUF to read them from (llama.cpp builds)
+  bool off = false;   // --no-rope
+};
+void AddRopeOptions(CLI::App* app, RopeArgs* args, bool model_flag);
+// The codec's RoPE setting: explicit --rope wins, then the --model's GGUF
+// (RoPE on when the model has normal/NeoX RoPE, unless --no-rope), else none.
+Result<RopeConfig> ResolveRope(const RopeArgs& args);
+// Reads a GGUF's RoPE parameters and KV heads; set by the llama.cpp tools at
+// start-up (builds without llama.cpp answer kUnsupported).
+struct ModelKeyFacts {
+  RopeConfig rope;
+  uint32_t kv_heads = 0;
+};
+void SetModelReader(std::function<Result<ModelKeyFacts>(const std::string&)> reader);
+Result<ModelKeyFacts> ReadModelKeyFacts(const std::string& gguf);
 
 // Prints "cachegen: error: <message>" on stderr and returns the failure exit code (1).
 int Fail(const Status& st);

@@ -39,7 +39,7 @@ struct EvalArgs {
   uint32_t context = 384, continuation = 128, windows = 16, greedy = 32, threads = 0;
   std::string cache_type = "f16";
   int flash_attn = -1;
-  bool json = false, quiet = false;
+  bool json = false, quiet = false, rope = true;
   std::string plot;
   CodecConfig tuning;
 };
@@ -137,6 +137,7 @@ int RunEval(EvalArgs a) {
   o.flash_attn = a.flash_attn;
   o.threads = a.threads;
   o.codec = a.tuning;
+  o.rope = a.rope;
   if (!a.quiet) o.progress = [](const std::string& m) { std::fprintf(stderr, "cachegen eval: %s\n", m.c_str()); };
   auto rep = engine::RunEval(o);
   if (!random_model.empty()) std::filesystem::remove(random_model);
@@ -193,6 +194,11 @@ int RunEval(EvalArgs a) {
 }
 
 const bool kRegistered = RegisterCommand(50, [](CLI::App& root) -> CommandRunner {
+  // Lets encode and slot compress read RoPE parameters from --model.
+  SetModelReader([](const std::string& gguf) -> Result<ModelKeyFacts> {
+    CG_ASSIGN_OR_RETURN(auto model, LlamaModel::Load(gguf));
+    return ModelKeyFacts{CodecRope(model->info()), model->info().kv_heads};
+  });
   auto a = std::make_shared<EvalArgs>();
   CLI::App* sub = root.add_subcommand(
       "eval", "Rate-quality of every codec on a llama.cpp model's own KV cache (PPL, KL, top-1, greedy match)");
@@ -201,10 +207,13 @@ const bool kRegistered = RegisterCommand(50, [](CLI::App& root) -> CommandRunner
   sub->add_option("--text", a->text, std::string("Text, stories separated by <|endoftext|> lines (default: ") +
                                          kDefaultText + ")");
   sub->add_option("--codecs", a->codecs,
-                  "Codecs: cachegen, cachegen+rope (RoPE undone on keys before encoding), cachegen-ref, fp16, "
+                  "Codecs: cachegen, cachegen-ref, fp16, "
                   "fp16-zstd, q8, q4, kivi2, kivi4, llama-q8_0, llama-q4_0 (llama.cpp's own cache types)")
       ->capture_default_str();
-  sub->add_option("--bits", a->bits, "Rates (bits/value) for cachegen and cachegen+rope")->capture_default_str();
+  sub->add_option("--bits", a->bits, "Rates (bits/value) for cachegen")->capture_default_str();
+  sub->add_flag("--rope,!--no-rope", a->rope,
+                "cachegen: undo the model's RoPE on keys before coding, redo it on decode (default on)")
+      ->capture_default_str();
   sub->add_option("--context", a->context, "Context tokens prefilled and compressed")->capture_default_str();
   sub->add_option("--continuation", a->continuation, "Tokens scored after the context")->capture_default_str();
   sub->add_option("--windows", a->windows, "Maximum number of text windows")->capture_default_str();

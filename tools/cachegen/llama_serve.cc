@@ -137,6 +137,7 @@ const bool kRegistered = RegisterCommand(50, [](CLI::App& root) -> CommandRunner
   sub->add_option("--codec", a->engine.codec.codec, "Codec of stored chunks")->capture_default_str();
   sub->add_option("--max-tokens", a->max_tokens, "Largest max_tokens a request may ask for")->capture_default_str();
   sub->add_flag("!--no-store-new", a->engine.store_new_chunks, "Do not store new chunks after prefill");
+  sub->add_flag("!--no-rope", a->engine.rope_keys, "Store keys as cached (post-RoPE); default: RoPE undone before coding");
   return [sub, a]() -> std::optional<int> {
     if (!*sub) return std::nullopt;
     if (a->store_uri.empty() && a->cache_server.empty())

@@ -37,12 +37,16 @@ struct EncodeArgs {
   bool json = false;
   // cachegen codec tuning (CodecConfig defaults unless given)
   CodecConfig tuning;
+  RopeArgs rope;
 };
 
 int RunEncode(const EncodeArgs& a) {
   Result<KVTensor> in = LoadInput(a.input);
   if (!in.ok()) return Fail(in.status());
   CodecConfig cfg = a.tuning;
+  Result<RopeConfig> rope = ResolveRope(a.rope);
+  if (!rope.ok()) return Fail(rope.status());
+  cfg.rope = *rope;
   cfg.codec = a.codec;
   cfg.bits_per_value = a.bits;
   cfg.snr_db = a.snr_db;
@@ -210,6 +214,7 @@ int Main(int argc, char** argv) {
                   "cachegen: step multiplier of recent tokens (0 = exact f16)")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
+  AddRopeOptions(enc, &ea.rope, /*model_flag=*/true);
 
   DecodeArgs da;
   CLI::App* dec = app.add_subcommand("decode", "Decode a .cgkv container into a KV file");

@@ -21,13 +21,24 @@ struct SlotArgs {
   CodecConfig codec;
   uint32_t kv_heads = 0, level = 0, threads = 0;
   bool json = false;
+  RopeArgs rope;
 };
 
 int RunCompress(const SlotArgs& a) {
   Result<std::vector<uint8_t>> in = ReadFileBytes(a.input);
   if (!in.ok()) return Fail(in.status());
+  Result<RopeConfig> rope = ResolveRope(a.rope);
+  if (!rope.ok()) return Fail(rope.status());
+  CodecConfig codec = a.codec;
+  codec.rope = *rope;
+  uint32_t kv_heads = a.kv_heads;
+  if (kv_heads == 0 && !a.rope.model.empty()) {
+    Result<ModelKeyFacts> m = ReadModelKeyFacts(a.rope.model);
+    if (!m.ok()) return Fail(m.status());
+    kv_heads = m->kv_heads;
+  }
   EncodeStats stats;
-  Result<std::vector<uint8_t>> out = engine::CompressSlotFile(*in, a.codec, a.kv_heads, &stats);
+  Result<std::vector<uint8_t>> out = engine::CompressSlotFile(*in, codec, kv_heads, &stats);
   if (!out.ok()) {
     std::fprintf(stderr, "cachegen: error: '%s': %s\n", a.input.c_str(), out.status().message().c_str());
     return 1;
@@ -78,9 +89,10 @@ const bool kRegistered = RegisterCommand(30, [](CLI::App& root) -> CommandRunner
   ob->excludes(os);
   os->excludes(ob);
   c->add_option("--levels", a->codec.levels, "Quality levels")->capture_default_str();
-  c->add_option("--kv-heads", a->kv_heads, "KV heads per layer (0: head dim 128, else 64, else the whole row)")
+  c->add_option("--kv-heads", a->kv_heads, "KV heads per layer (0: the --model's, else head dim 128, else 64, else the whole row)")
       ->capture_default_str();
   c->add_flag("--json", a->json, "Print a JSON summary");
+  AddRopeOptions(c, &a->rope, /*model_flag=*/true);
   CLI::App* r = slot->add_subcommand("restore", ".cgslot -> llama.cpp slot file");
   r->add_option("input", a->input, ".cgslot file")->required();
   r->add_option("-o,--output", a->output, "Slot file for llama-server's action=restore")->required();

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "codec/cachegen/hadamard.h"
+#include "codec/cachegen/rope.h"
 #include "codec/cachegen/section_coder.h"
 #include "codec/codec.h"
 #include "common/bytes.h"
@@ -14,8 +15,13 @@
 namespace cachegen {
 namespace {
 
-constexpr uint8_t kParamsVersion = 1;
+// Params version 1: the fixed 14 bytes. Version 2 adds optional blocks named
+// by flag bits (RoPE); an encoder writes version 1 whenever no such block is
+// used, so such frames stay readable by version-1 decoders.
+constexpr uint8_t kParamsVersion1 = 1;
+constexpr uint8_t kParamsVersion2 = 2;
 constexpr uint8_t kFlagRotate = 1;
+constexpr uint8_t kFlagRope = 2;
 // Default prediction group, measured at 2 bits/value on synthetic KV
 // (8x8x128, 512 tokens): G = 1, 2, 4, 8, 16, 32 gave K SNR 10.4, 11.3, 11.1,
 // 10.4, 9.8, 10.6 dB. The per-section delta/no-delta choice keeps it safe on
@@ -35,16 +41,24 @@ struct Params {
   uint32_t group_tokens = kDefaultGroupTokens;
   uint32_t recent_tokens = 0;
   float recent_step_scale = 1;
+  RopeConfig rope;  // kind kNone: no RoPE block; values as stored (f32)
 };
 
 std::vector<uint8_t> WriteParams(const Params& p) {
   std::vector<uint8_t> out;
   ByteWriter w(&out);
-  w.U8(kParamsVersion);
-  w.U8(p.rotate ? kFlagRotate : 0);
+  const bool rope = p.rope.kind != RopeConfig::Kind::kNone;
+  w.U8(rope ? kParamsVersion2 : kParamsVersion1);
+  w.U8((p.rotate ? kFlagRotate : 0) | (rope ? kFlagRope : 0));
   w.U32(p.group_tokens);
   w.U32(p.recent_tokens);
   w.F32(p.recent_step_scale);
+  if (rope) {
+    w.U8(static_cast<uint8_t>(p.rope.kind));
+    w.U32(p.rope.dims);
+    w.F32(static_cast<float>(p.rope.freq_base));
+    w.F32(static_cast<float>(p.rope.freq_scale));
+  }
   return out;
 }
 
@@ -56,10 +70,24 @@ Result<Params> ReadParams(std::span<const uint8_t> bytes, uint32_t head_dim) {
   p.group_tokens = r.U32();
   p.recent_tokens = r.U32();
   p.recent_step_scale = r.F32();
-  if (!r.ok() || r.remaining() != 0) return Status::Corrupt("cachegen params: wrong length");
-  if (version != kParamsVersion) return Status::Unsupported("cachegen params version " + std::to_string(version));
-  if (flags & ~kFlagRotate) return Status::Corrupt("cachegen params: unknown flags");
+  if (!r.ok()) return Status::Corrupt("cachegen params: wrong length");
+  if (version != kParamsVersion1 && version != kParamsVersion2)
+    return Status::Unsupported("cachegen params version " + std::to_string(version) +
+                               " is newer than the supported version 2");
+  const uint8_t known = version == kParamsVersion1 ? kFlagRotate : (kFlagRotate | kFlagRope);
+  if (flags & ~known) return Status::Corrupt("cachegen params: unknown flags");
   p.rotate = flags & kFlagRotate;
+  if (flags & kFlagRope) {
+    const uint8_t kind = r.U8();
+    p.rope.dims = r.U32();
+    p.rope.freq_base = r.F32();
+    p.rope.freq_scale = r.F32();
+    if (!r.ok()) return Status::Corrupt("cachegen params: wrong length");
+    if (kind != 1 && kind != 2) return Status::Corrupt("cachegen params: unknown RoPE kind " + std::to_string(kind));
+    p.rope.kind = static_cast<RopeConfig::Kind>(kind);
+    if (!ValidateRope(p.rope, head_dim).ok()) return Status::Corrupt("cachegen params: invalid RoPE block");
+  }
+  if (r.remaining() != 0) return Status::Corrupt("cachegen params: wrong length");
   if (p.rotate && !IsPowerOfTwo(head_dim)) return Status::Corrupt("cachegen params: rotation needs power-of-two head_dim");
   if (p.group_tokens == 0) return Status::Corrupt("cachegen params: group size 0");
   if (!(p.recent_step_scale >= 0 && p.recent_step_scale <= 1))
@@ -107,12 +135,33 @@ class CacheGenCodec final : public Codec {
     p.group_tokens = cfg.group_tokens ? cfg.group_tokens : kDefaultGroupTokens;
     p.recent_tokens = cfg.recent_tokens;
     p.recent_step_scale = static_cast<float>(std::clamp(cfg.recent_step_scale, 0.0, 1.0));
+    if (cfg.rope.kind != RopeConfig::Kind::kNone) {
+      p.rope = cfg.rope;
+      if (p.rope.dims == 0) p.rope.dims = s.head_dim;
+      // What the decoder will read back.
+      p.rope.freq_base = static_cast<float>(p.rope.freq_base);
+      p.rope.freq_scale = static_cast<float>(p.rope.freq_scale);
+      CG_RETURN_IF_ERROR(ValidateRope(p.rope, s.head_dim));
+    }
     const SectionLayout layout = MakeLayout(s, p, chunk.token_start, chunk.context_tokens);
 
     const uint32_t n_sections = s.layers * 2;
+    // With RoPE, keys are coded un-rotated: per-layer copies turned back.
+    std::vector<std::vector<float>> unroped(p.rope.kind != RopeConfig::Kind::kNone ? s.layers : 0);
+    std::optional<RopeTable> rope_table;
+    if (!unroped.empty()) rope_table.emplace(p.rope, chunk.token_start, s.tokens);
     std::vector<std::optional<SectionAnalysis>> analyses(n_sections);
     CG_RETURN_IF_ERROR(ParallelFor(n_sections, cfg.threads, [&](uint64_t i) {
-      analyses[i].emplace(layout, chunk.Section(uint32_t(i / 2), i % 2 ? KV::kValue : KV::kKey));
+      std::span<const float> rows = chunk.Section(uint32_t(i / 2), i % 2 ? KV::kValue : KV::kKey);
+      if (i % 2 == 0 && rope_table) {
+        std::vector<float>& k = unroped[i / 2];
+        k.assign(rows.begin(), rows.end());
+        for (uint32_t t = 0; t < s.tokens; ++t)
+          for (uint32_t h = 0; h < s.kv_heads; ++h)
+            rope_table->Apply(t, &k[(size_t{t} * s.kv_heads + h) * s.head_dim], /*inverse=*/true);
+        rows = k;
+      }
+      analyses[i].emplace(layout, rows);
       return Status::Ok();
     }));
 
@@ -137,17 +186,24 @@ class CacheGenCodec final : public Codec {
   Status DecodeSection(const SectionContext& ctx, std::span<const uint8_t> payload,
                        std::span<float> out) const override {
     CG_ASSIGN_OR_RETURN(const Params p, ReadParams(ctx.params, ctx.shape.head_dim));
-    return DecodeCacheGenSection(MakeLayout(ctx.shape, p, ctx.token_start, ctx.context_tokens), payload, out);
+    return DecodeCacheGenSection(MakeLayout(ctx.shape, p, ctx.token_start, ctx.context_tokens), payload, out,
+                                 KeyRope(ctx, p));
   }
 
   Status DecodeSectionToView(const SectionContext& ctx, std::span<const uint8_t> payload, const KVView& out,
                              std::vector<float>&) const override {
     CG_ASSIGN_OR_RETURN(const Params p, ReadParams(ctx.params, ctx.shape.head_dim));
     return DecodeCacheGenSection(MakeLayout(ctx.shape, p, ctx.token_start, ctx.context_tokens), payload,
-                                 SectionSink{out, ctx.layer, ctx.kv});
+                                 SectionSink{out, ctx.layer, ctx.kv, KeyRope(ctx, p)});
   }
 
  private:
+  // The RoPE table a K section's decoded rows go through (none for V).
+  static const RopeTable* KeyRope(const SectionContext& ctx, const Params& p) {
+    if (ctx.kv != KV::kKey || p.rope.kind == RopeConfig::Kind::kNone) return nullptr;
+    return &CachedRopeTable(p.rope, ctx.token_start, ctx.shape.tokens);
+  }
+
   using Analyses = std::vector<std::optional<SectionAnalysis>>;
 
   static Status ChooseSteps(const Analyses& a, const KVShape& s, const CodecConfig& cfg, uint32_t level,

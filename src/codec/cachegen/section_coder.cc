@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "codec/cachegen/hadamard.h"
+#include "codec/cachegen/rope.h"
 #include "codec/rans.h"
 #include "common/bytes.h"
 #include "common/convert.h"
@@ -447,6 +448,13 @@ Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> pa
 
 void SectionSink::Store(uint32_t token, uint32_t head, const float* values) const {
   const uint32_t D = view.shape().head_dim;
+  if (rope) {
+    thread_local std::vector<float> roped;
+    if (roped.size() < D) roped.resize(D);
+    std::memcpy(roped.data(), values, size_t{D} * sizeof(float));
+    rope->Apply(token, roped.data(), /*inverse=*/false);
+    values = roped.data();
+  }
   if (view.strides().dim == 1) {
     StoreRow(view.dtype(), values, D, view.Pointer(layer, kv, token, head, 0));
   } else {
@@ -454,12 +462,13 @@ void SectionSink::Store(uint32_t token, uint32_t head, const float* values) cons
   }
 }
 
-Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> payload, std::span<float> out) {
+Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> payload, std::span<float> out,
+                             const RopeTable* rope) {
   const uint64_t C = l.channels();
   if (out.size() != size_t{l.tokens} * C) return Status::Internal("cachegen section: output size mismatch");
   const KVShape shape{1, l.kv_heads, l.head_dim, l.tokens};
   const KVStrides strides{0, 0, static_cast<int64_t>(C), l.head_dim, 1};
-  return DecodeCacheGenSection(l, payload, SectionSink{KVView(out.data(), DType::kF32, shape, strides), 0, KV::kKey});
+  return DecodeCacheGenSection(l, payload, SectionSink{KVView(out.data(), DType::kF32, shape, strides), 0, KV::kKey, rope});
 }
 
 }  // namespace cachegen

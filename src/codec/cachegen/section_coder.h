@@ -68,11 +68,14 @@ class SectionAnalysis {
   size_t side_info_bytes_ = 0;  // flags, step, scale and mean codes
 };
 
+class RopeTable;
+
 // Where decoded rows go: section (layer, kv) of a view, any dtype/strides.
 struct SectionSink {
   KVView view;
   uint32_t layer = 0;
   KV kv = KV::kKey;
+  const RopeTable* rope = nullptr;  // keys: RoPE redone on each row before it is stored
   // Writes the head_dim values of (token, head), converted to the view's dtype.
   void Store(uint32_t token, uint32_t head, const float* values) const;
 };
@@ -82,6 +85,7 @@ struct SectionSink {
 // On error the sink's section may be partly written.
 Status DecodeCacheGenSection(const SectionLayout& layout, std::span<const uint8_t> payload, const SectionSink& sink);
 // The same into rows [tokens][channels] of f32.
-Status DecodeCacheGenSection(const SectionLayout& layout, std::span<const uint8_t> payload, std::span<float> out);
+Status DecodeCacheGenSection(const SectionLayout& layout, std::span<const uint8_t> payload, std::span<float> out,
+                             const RopeTable* rope = nullptr);
 
 }  // namespace cachegen

@@ -29,6 +29,9 @@ std::string CodecProfile(const CodecConfig& c) {
                   ";g=" + std::to_string(c.group_tokens) + ";rot=" + std::to_string(c.rotate) +
                   ";slope=" + std::to_string(c.layer_slope) + ";recent=" + std::to_string(c.recent_tokens) + "x" +
                   std::to_string(c.recent_step_scale);
+  if (c.rope.kind != RopeConfig::Kind::kNone)
+    p += ";rope=" + std::to_string(static_cast<int>(c.rope.kind)) + "x" + std::to_string(c.rope.dims) + "x" +
+         std::to_string(c.rope.freq_base) + "x" + std::to_string(c.rope.freq_scale);
   for (double b : c.level_bits) p += ";lb=" + std::to_string(b);
   return p;
 }
@@ -101,6 +104,8 @@ Result<std::unique_ptr<LlamaCompletionEngine>> LlamaCompletionEngine::Create(std
   e->model_ = std::move(model);
   e->store_ = store;
   e->options_ = options;
+  if (options.rope_keys && options.codec.rope.kind == RopeConfig::Kind::kNone)
+    e->options_.codec.rope = CodecRope(e->model_->info());
   LlamaContextOptions co;
   co.n_ctx = options.n_ctx;
   co.cache_type = options.cache_type;
@@ -110,13 +115,13 @@ Result<std::unique_ptr<LlamaCompletionEngine>> LlamaCompletionEngine::Create(std
     if (!ctx.ok()) return ctx.status();
     e->contexts_.push_back(std::move(*ctx));
   }
-  Result<Encoder> enc = Encoder::Create(options.codec);
+  Result<Encoder> enc = Encoder::Create(e->options_.codec);
   if (!enc.ok()) return enc.status();
   e->encoder_ = std::make_unique<Encoder>(std::move(*enc));
   e->model_name_ = options.model_name.empty() ? e->model_->info().architecture : options.model_name;
   if (store && options.model_fingerprint.empty())
     return Status::InvalidArgument("a model fingerprint is needed to address stored chunks");
-  e->root_ = ChainRoot(options.model_fingerprint, CodecProfile(options.codec), options.codec.chunk_tokens);
+  e->root_ = ChainRoot(options.model_fingerprint, CodecProfile(e->options_.codec), options.codec.chunk_tokens);
   e->recompute_tokens_per_s_ = options.recompute_tokens_per_s;
   if (e->recompute_tokens_per_s_ <= 0) {
     Status st = e->MeasurePrefillSpeed();

@@ -44,6 +44,9 @@ struct LlamaServeOptions {
   double ttft_target_ms = 0;       // transfer deadline when a request gives none; 0 = best quality, no deadline
   double recompute_tokens_per_s = 0;  // prefill speed for the planner; 0 = measured at start-up
   bool store_new_chunks = true;
+  // RoPE-aware keys (CodecConfig::rope) from the model's GGUF when codec.rope
+  // is unset; false stores keys as cached (post-RoPE).
+  bool rope_keys = true;
   uint32_t inflight = 4;           // chunk requests in flight
   uint32_t decode_threads = 0;     // 0: all cores
   int fixed_level = -1;            // >= 0: always fetch this level (benchmarks' fixed-level clients)

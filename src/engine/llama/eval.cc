@@ -7,7 +7,6 @@
 
 #include <fmt/format.h>
 
-#include "engine/rope.h"
 
 namespace cachegen::engine {
 namespace {
@@ -86,7 +85,6 @@ struct Accum {
 struct RowSpec {
   std::string codec, setting;
   std::string engine_type;  // llama-q8_0 -> "q8_0"
-  bool rope = false;
   CodecConfig cfg;
 };
 
@@ -135,30 +133,26 @@ Result<EvalReport> RunEval(const EvalOptions& o) {
   const std::vector<std::string> names = CodecNames();
   for (const std::string& c : o.codecs) {
     if (c == "llama-q8_0" || c == "llama-q4_0") {
-      specs.push_back({c, "engine cache type", c.substr(6), false, {}});
+      specs.push_back({c, "engine cache type", c.substr(6), {}});
       continue;
     }
-    const bool rope = c == "cachegen+rope";
-    const std::string codec = rope ? "cachegen" : c;
+    const std::string& codec = c;
     if (std::find(names.begin(), names.end(), codec) == names.end()) {
       return Status::InvalidArgument("unknown codec '" + c + "' for eval");
     }
-    if (rope && (info.rope.kind != RopeParams::Kind::kNormal && info.rope.kind != RopeParams::Kind::kNeox)) {
-      skipped.push_back({c, "the model's RoPE type is not normal or NeoX"});
-      continue;
-    }
     CodecConfig cfg = o.codec;
     cfg.codec = codec;
+    cfg.rope = o.rope ? CodecRope(info) : RopeConfig{};
     cfg.threads = 1;
     cfg.bits_per_value = 0;
     if (codec == "cachegen") {
       if (o.bits.empty()) return Status::InvalidArgument("no --bits for " + c);
       for (double b : o.bits) {
         cfg.bits_per_value = b;
-        specs.push_back({c, fmt::format("bits={:g}", b), "", rope, cfg});
+        specs.push_back({c, fmt::format("bits={:g}{}", b, o.rope ? "" : " no-rope"), "", cfg});
       }
     } else {
-      specs.push_back({c, "default", "", false, cfg});
+      specs.push_back({c, "default", "", cfg});
     }
   }
 
@@ -196,8 +190,6 @@ Result<EvalReport> RunEval(const EvalOptions& o) {
     return Status::InvalidArgument(fmt::format("the text has no window of {} tokens starting at a story start",
                                                N + M + 1));
   }
-  const RopeSpec rope{info.rope.kind == RopeParams::Kind::kNeox, info.rope.dims, info.rope.freq_base,
-                      info.rope.freq_scale};
 
   EvalReport rep;
   rep.model = o.model_path;
@@ -233,17 +225,16 @@ Result<EvalReport> RunEval(const EvalOptions& o) {
         CG_RETURN_IF_ERROR(Score(q, w, N, M, G, &got));
         acc[r].bits += sp.engine_type == "q8_0" ? 8.5 : 4.5;  // ggml block-32 layouts: 34 / 18 bytes per 32 values
       } else {
-        KVTensor src = sp.rope ? cap.kv.Converted(DType::kF32) : cap.kv;
-        if (sp.rope) CG_RETURN_IF_ERROR(RotateKeys(src.view(), cap.positions, rope, /*inverse=*/true));
-        CG_ASSIGN_OR_RETURN(auto enc, Encoder::Create(sp.cfg));
+        CodecConfig cfg = sp.cfg;
+        if (!PositionsFrom(cap.positions, 0)) cfg.rope = RopeConfig{};  // the codec puts token t at position t
+        CG_ASSIGN_OR_RETURN(auto enc, Encoder::Create(cfg));
         auto te = Clock::now();
-        CG_ASSIGN_OR_RETURN(auto bytes, enc.Encode(src.view()));
+        CG_ASSIGN_OR_RETURN(auto bytes, enc.Encode(cap.kv.view()));
         acc[r].encode_s += Since(te);
         auto td = Clock::now();
         CG_ASSIGN_OR_RETURN(auto dec, Decoder::Open(bytes));
-        CG_ASSIGN_OR_RETURN(KVTensor out, dec.Decode(sp.rope ? DType::kF32 : cap.kv.dtype()));
+        CG_ASSIGN_OR_RETURN(KVTensor out, dec.Decode(cap.kv.dtype()));
         acc[r].decode_s += Since(td);
-        if (sp.rope) CG_RETURN_IF_ERROR(RotateKeys(out.view(), cap.positions, rope, /*inverse=*/false));
         acc[r].bits += static_cast<double>(bytes.size()) * 8.0 / static_cast<double>(values);
         CG_RETURN_IF_ERROR(dst->Inject(0, out.view(), cap.positions));
         CG_RETURN_IF_ERROR(Score(*dst, w, N, M, G, &got));

@@ -26,10 +26,12 @@ namespace cachegen::engine {
 struct EvalOptions {
   std::string model_path;
   std::string text;  // the text itself; stories separated by lines "<|endoftext|>"
-  // Codec names (CodecNames()), plus "cachegen+rope" (cachegen on keys with
-  // RoPE undone, see engine/rope.h) and "llama-q8_0", "llama-q4_0".
+  // Codec names (CodecNames()) and "llama-q8_0", "llama-q4_0".
   std::vector<std::string> codecs;
-  std::vector<double> bits;  // rates of the rate-controlled codecs (cachegen, cachegen+rope)
+  std::vector<double> bits;  // rates of the rate-controlled codec (cachegen)
+  // RoPE-aware keys for the cachegen codec with the model's parameters
+  // (CodecRope); false codes keys as cached (post-RoPE).
+  bool rope = true;
   uint32_t context = 384, continuation = 128, windows = 16, greedy = 32;
   std::string cache_type = "f16";  // of the exact context: f16, bf16, f32
   int flash_attn = -1;

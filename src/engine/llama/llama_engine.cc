@@ -40,6 +40,22 @@ Result<ggml_type> CacheType(const std::string& name) {
 
 }  // namespace
 
+RopeConfig CodecRope(const LlamaModelInfo& info) {
+  RopeConfig r;
+  if (info.rope.kind != RopeParams::Kind::kNormal && info.rope.kind != RopeParams::Kind::kNeox) return r;
+  r.kind = info.rope.kind == RopeParams::Kind::kNeox ? RopeConfig::Kind::kNeox : RopeConfig::Kind::kNormal;
+  r.dims = info.rope.dims;
+  r.freq_base = info.rope.freq_base;
+  r.freq_scale = info.rope.freq_scale;
+  return r;
+}
+
+bool PositionsFrom(std::span<const int32_t> positions, int32_t first) {
+  for (size_t t = 0; t < positions.size(); ++t)
+    if (int64_t{positions[t]} != int64_t{first} + static_cast<int64_t>(t)) return false;
+  return true;
+}
+
 Status LlamaInit() {
   static std::once_flag once;
   static bool ok = false;

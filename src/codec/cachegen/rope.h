@@ -1,0 +1,46 @@
+// RoPE-aware keys for the `cachegen` codec: llama.cpp-style engines cache keys
+// after the rotary position embedding, which spins each key's channel pairs by
+// its position, so per-channel statistics see rotation as variance. The
+// encoder undoes the rotation (position of chunk token t = token_start + t)
+// and the decoder redoes it on the reconstructed keys (docs/FORMAT.md,
+// "RoPE block").
+//
+// Conventions of ggml_rope_ext without YaRN: pair i of the first `dims` dims of
+// a head turns by theta = pos * freq_scale * freq_base^(-2i/dims); "normal"
+// rotates dims (2i, 2i+1), "neox" rotates (i, i + dims/2). Dims past `dims`
+// are untouched. The angle table is computed in double and rounded to f32; the
+// rotation itself is f32 arithmetic exactly as written in FORMAT.md.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "cachegen/codec.h"
+#include "cachegen/status.h"
+
+namespace cachegen {
+
+// Checks kind/dims/frequencies against a head dim (kind kNone is valid).
+Status ValidateRope(const RopeConfig& rope, uint32_t head_dim);
+
+// cos/sin of every (token, pair) of one frame.
+class RopeTable {
+ public:
+  RopeTable(const RopeConfig& rope, uint32_t token_start, uint32_t tokens);
+  const RopeConfig& rope() const { return rope_; }
+  uint32_t token_start() const { return token_start_; }
+  uint32_t tokens() const { return tokens_; }
+  // Rotates one head vector of chunk token t: forward (decoder) or inverse (encoder).
+  void Apply(uint32_t t, float* head, bool inverse) const;
+
+ private:
+  RopeConfig rope_;
+  uint32_t token_start_ = 0, tokens_ = 0, pairs_ = 0;
+  std::vector<float> cos_, sin_;
+};
+
+// The table for a frame, cached per thread (every K section of a frame uses
+// the same one).
+const RopeTable& CachedRopeTable(const RopeConfig& rope, uint32_t token_start, uint32_t tokens);
+
+}  // namespace cachegen
