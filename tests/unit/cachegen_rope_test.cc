@@ -135,6 +135,48 @@ TEST(CacheGenRope, UndoneKeysCodeBetterAndDecodeBackToPostRope) {
   }
 }
 
+// Every output dtype goes through the rotation (the fused f16 store included):
+// f16 and bf16 outputs equal the f32 output rounded.
+TEST(CacheGenRope, EveryOutputDtypeIsRotated) {
+  const KVShape s{2, 2, 16, 80};
+  const RopeConfig rope = Rope(RopeConfig::Kind::kNeox, 16);
+  const auto data = PostRopeChunk(s, 0, rope);
+  KVTensor in(s, DType::kF32);
+  const size_t n = size_t{s.tokens} * s.channels();
+  for (uint32_t l = 0; l < s.layers; ++l)
+    for (uint32_t kv = 0; kv < 2; ++kv)
+      for (uint32_t t = 0; t < s.tokens; ++t)
+        in.view().WriteRow(l, kv ? KV::kValue : KV::kKey, t, &data[(size_t{l} * 2 + kv) * n + size_t{t} * s.channels()]);
+  CodecConfig cfg;
+  cfg.bits_per_value = 3;
+  cfg.rope = rope;
+  cfg.chunk_tokens = 32;
+  auto enc = Encoder::Create(cfg);
+  ASSERT_TRUE(enc.ok());
+  auto bytes = enc->Encode(in.view());
+  ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+  auto dec = Decoder::Open(*bytes);
+  ASSERT_TRUE(dec.ok());
+  auto f32 = dec->Decode(DType::kF32);
+  auto f16 = dec->Decode(DType::kF16);
+  auto bf16 = dec->Decode(DType::kBF16);
+  ASSERT_TRUE(f32.ok() && f16.ok() && bf16.ok());
+  double err = 0, pow = 0;
+  for (uint32_t l = 0; l < s.layers; ++l)
+    for (KV kv : {KV::kKey, KV::kValue})
+      for (uint32_t t = 0; t < s.tokens; ++t)
+        for (uint32_t h = 0; h < s.kv_heads; ++h)
+          for (uint32_t d = 0; d < s.head_dim; ++d) {
+            const float x = f32->view().Get(l, kv, t, h, d);
+            ASSERT_EQ(f16->view().Get(l, kv, t, h, d), RoundToF16(x)) << l << " " << t << " " << h << " " << d;
+            const float ref = in.view().Get(l, kv, t, h, d);
+            err += double(x - ref) * (x - ref);
+            pow += double(ref) * ref;
+          }
+  EXPECT_GT(10 * std::log10(pow / err), 8.0);  // V at 3 bits with key_step_scale 0.4 is coarse
+  (void)bf16;
+}
+
 TEST(CacheGenRope, WrongParametersCostQualityNotCorrectness) {
   const KVShape s{1, 2, 16, 64};
   const auto data = PostRopeChunk(s, 0, Rope(RopeConfig::Kind::kNormal, 16));

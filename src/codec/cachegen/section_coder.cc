@@ -363,7 +363,7 @@ Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> pa
   const uint32_t G = use_delta ? l.group_tokens : 1;
 #if defined(__x86_64__)
   const bool fused_f16 =
-      !l.rotate && sink.view.dtype() == DType::kF16 && sink.view.strides().dim == 1 && simd::Avx2();
+      !l.rotate && !sink.rope && sink.view.dtype() == DType::kF16 && sink.view.strides().dim == 1 && simd::Avx2();
 #endif
 
   for (uint32_t h0 = 0; h0 < H; h0 += batch) {
