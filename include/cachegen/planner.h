@@ -5,16 +5,20 @@
 // requested, which level to fetch or whether to recompute it from its text.
 //
 // Model. Chunks are fetched in order over one link of estimated bandwidth B
-// (bytes/s); recomputing a chunk of n tokens costs n / R seconds (R = the
-// engine's recompute speed, tokens/s, supplied by the caller; 0 = the engine
-// cannot recompute). Fetching and recomputing are counted one after the other
-// (a conservative bound). With time left `left`, the plan for the remaining
+// (bytes/s, "down at once, up smoothed"), then decoded one at a time (a
+// second stage, overlapping the first); recomputing a chunk of n tokens costs
+// n / R seconds (R = the engine's recompute speed, tokens/s, supplied by the
+// caller; 0 = the engine cannot recompute), counted after both (a
+// conservative bound). With time left `left`, the plan for the remaining
 // chunks must satisfy
-//     (outstanding bytes + planned bytes) / B + recompute tokens / R + tail <= left
-// where tail is the time to process the last chunk after it arrived (decode).
+//     max((outstanding bytes + planned bytes) / B + tail,
+//         pending decode + planned decode) + recompute tokens / R <= left
+// where tail is the time to process the last chunk after it arrived, and
+// decode times per level are learned from the chunks processed so far.
+// (B and the decode stage are both derated by `safety`.)
 // Among the plans that fit, it picks the best quality: the finest level L such
 // that every remaining chunk fits at L, then it upgrades as many chunks as the
-// slack allows to the next finer level, earliest chunks first. So it never
+// slacks allow to the next finer level, earliest chunks first. So it never
 // chooses a coarser level than the best fixed level that fits. When even the
 // coarsest level does not fit, chunks whose recompute is cheaper than their
 // coarsest fetch are moved to recompute (latest chunks first: they are the
@@ -35,6 +39,10 @@ struct PlannerOptions {
   double initial_bandwidth_bytes_s = 0;  // prior estimate; 0 = unknown
   double smoothing = 0.5;                // weight of the newest bandwidth sample (EWMA)
   double safety = 0.9;                   // plan to use this share of the estimated bandwidth
+  // Share of the deadline kept free at the end. Replanning after every chunk
+  // spends each plan's slack, so without it the transfer converges onto the
+  // deadline and the last chunk's noise decides.
+  double reserve = 0.05;
 };
 
 // What is known of one chunk before fetching it.
@@ -63,8 +71,14 @@ class LevelPlanner {
   // goodput of the link, e.g. bytes since the previous completion over the
   // time since it). Ignored when seconds <= 0.
   void OnDelivered(uint64_t bytes, double seconds);
-  // Time to process a chunk after it arrived (decode), smoothed like bandwidth.
-  void OnProcessed(double seconds);
+  // Time to process a chunk after it arrived (decode), smoothed like
+  // bandwidth; with its level (>= 0) it also feeds that level's decode
+  // estimate (DecodeSeconds).
+  void OnProcessed(double seconds, int level = -1);
+  // Estimated decode time of chunk c at `level`: the smoothed time seen at
+  // that level; for a level not seen yet, the nearest seen level's scaled by
+  // the levels' total bytes; 0 before any chunk was processed.
+  double DecodeSeconds(uint32_t c, int level) const;
 
   // Estimated bandwidth in bytes/s; 0 while unknown.
   double bandwidth() const { return bandwidth_; }
@@ -72,9 +86,15 @@ class LevelPlanner {
 
   // The plan for chunks [first, n) at `elapsed_s` since the start, with
   // `outstanding_bytes` requested but not yet delivered. While the bandwidth
-  // is unknown, the first chunk is fetched at its coarsest level alone (a
-  // probe) and the rest is left at that level too (callers replan after it).
-  Plan Replan(uint32_t first, double elapsed_s, uint64_t outstanding_bytes) const;
+  // is unknown, every chunk is planned at its finest level, and callers fetch
+  // only the first one (a probe) before replanning. The probe is at the
+  // finest level because it is one chunk of n: it costs at most
+  // 1/n of the time difference between the finest and the coarsest fixed
+  // level, which the replan takes back from the later chunks, whereas a
+  // coarse probe would cost quality whenever the link turns out fast.
+  // `pending_decode_s`: decode time still ahead for chunks requested or
+  // fetched but not yet processed (see DecodeSeconds).
+  Plan Replan(uint32_t first, double elapsed_s, uint64_t outstanding_bytes, double pending_decode_s = 0) const;
 
   size_t size() const { return chunks_.size(); }
   const PlanChunk& chunk(uint32_t i) const { return chunks_[i]; }
@@ -96,6 +116,9 @@ class LevelPlanner {
   double bandwidth_ = 0;
   double tail_s_ = 0;
   bool have_tail_ = false;
+  std::vector<double> decode_s_;     // per level, smoothed
+  std::vector<bool> decode_seen_;    // per level
+  std::vector<double> level_total_;  // bytes of all chunks per level
 };
 
 }  // namespace cachegen

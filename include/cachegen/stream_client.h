@@ -31,8 +31,13 @@ struct StreamOptions {
   double deadline_ms = 1000;           // from the call to Fetch
   double recompute_tokens_per_s = 0;   // engine's prefill speed; 0 = never plan recompute
   uint32_t inflight = 4;               // requests outstanding at once (>= 1)
+  // Adaptive only: beyond the first outstanding request, issue another only
+  // while the outstanding bytes take less than this at the estimated
+  // bandwidth. Enough to keep a fast link busy; bounds what a bandwidth drop
+  // strands in flight at levels chosen for the old rate.
+  double queue_ms = 10;
   int fixed_level = -1;                // >= 0: always this level (no adaptation; a baseline)
-  double initial_bandwidth_bytes_s = 0;  // prior; 0 = unknown (first chunk probes at the coarsest level)
+  double initial_bandwidth_bytes_s = 0;  // prior; 0 = unknown (the first chunk alone probes, at the finest level)
   double smoothing = 0.5;              // EWMA weight of the newest bandwidth sample
   double safety = 0.9;                 // share of the estimated bandwidth the plan may use
   uint32_t levels = kMaxChunkLevels;   // levels to look up per chunk

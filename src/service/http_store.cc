@@ -18,10 +18,10 @@ class HttpStore final : public ChunkStore, public PrefixLookupProvider {
       : url_(std::move(url)), host_(std::move(host)), port_(port), options_(std::move(options)) {}
 
   Status Put(const ChunkKey& key, uint32_t level, std::span<const uint8_t> frame) override {
-    auto c = Take();
-    auto res = c->Put(Path(key, level), Headers(), reinterpret_cast<const char*>(frame.data()), frame.size(),
-                      "application/octet-stream");
-    Give(std::move(c), res);
+    auto res = Send([&](httplib::Client& c) {
+      return c.Put(Path(key, level), Headers(), reinterpret_cast<const char*>(frame.data()), frame.size(),
+                   "application/octet-stream");
+    });
     if (!res) return NetError(res.error());
     if (res->status != 201 && res->status != 200 && res->status != 204) return HttpError(*res);
     puts_++;
@@ -30,9 +30,7 @@ class HttpStore final : public ChunkStore, public PrefixLookupProvider {
   }
 
   Result<std::vector<uint8_t>> Get(const ChunkKey& key, uint32_t level) override {
-    auto c = Take();
-    auto res = c->Get(Path(key, level), Headers());
-    Give(std::move(c), res);
+    auto res = Send([&](httplib::Client& c) { return c.Get(Path(key, level), Headers()); });
     if (!res) {
       misses_++;
       return NetError(res.error());
@@ -55,9 +53,7 @@ class HttpStore final : public ChunkStore, public PrefixLookupProvider {
   }
 
   Result<uint64_t> Size(const ChunkKey& key, uint32_t level) override {
-    auto c = Take();
-    auto res = c->Head(Path(key, level), Headers());
-    Give(std::move(c), res);
+    auto res = Send([&](httplib::Client& c) { return c.Head(Path(key, level), Headers()); });
     if (!res) return NetError(res.error());
     if (res->status != 200) return HttpError(*res);
     const std::string v = res->get_header_value("X-Chunk-Bytes");
@@ -69,9 +65,7 @@ class HttpStore final : public ChunkStore, public PrefixLookupProvider {
   }
 
   Status Delete(const ChunkKey& key, uint32_t level) override {
-    auto c = Take();
-    auto res = c->Delete(Path(key, level), Headers());
-    Give(std::move(c), res);
+    auto res = Send([&](httplib::Client& c) { return c.Delete(Path(key, level), Headers()); });
     if (!res) return NetError(res.error());
     if (res->status != 204 && res->status != 200 && res->status != 404) return HttpError(*res);
     return Status::Ok();
@@ -96,9 +90,8 @@ class HttpStore final : public ChunkStore, public PrefixLookupProvider {
     for (const ChunkKey& k : keys) hex.push_back(k.Hex());
     req["keys"] = std::move(hex);
     req["levels"] = levels;
-    auto c = Take();
-    auto res = c->Post("/v1/lookup", Headers(), req.dump(), "application/json");
-    Give(std::move(c), res);
+    const std::string body = req.dump();
+    auto res = Send([&](httplib::Client& c) { return c.Post("/v1/lookup", Headers(), body, "application/json"); });
     if (!res) return NetError(res.error());
     if (res->status != 200) return HttpError(*res);
     nlohmann::json out = nlohmann::json::parse(res->body, nullptr, false);
@@ -134,9 +127,26 @@ class HttpStore final : public ChunkStore, public PrefixLookupProvider {
     return h;
   }
 
+  // Runs one request on a pooled connection. Every request of this API is
+  // idempotent (PUT stores the same bytes again, lookup only reads), so one
+  // that failed in transport, with no answer (a kept-alive connection the
+  // server had closed, a connection lost while the server's accept queue was
+  // full), is sent once more on a new connection.
+  template <typename F>
+  httplib::Result Send(const F& request) {
+    auto c = Take();
+    httplib::Result res = request(*c);
+    if (!res && res.error() != httplib::Error::Connection && res.error() != httplib::Error::ConnectionTimeout) {
+      c = Take(/*fresh=*/true);
+      res = request(*c);
+    }
+    Give(std::move(c), res);
+    return res;
+  }
+
   // A keep-alive connection from the pool (or a new one).
-  std::unique_ptr<httplib::Client> Take() {
-    {
+  std::unique_ptr<httplib::Client> Take(bool fresh = false) {
+    if (!fresh) {
       std::lock_guard<std::mutex> lock(mu_);
       if (!pool_.empty()) {
         auto c = std::move(pool_.back());

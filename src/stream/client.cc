@@ -4,7 +4,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
-#include <map>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -27,7 +26,9 @@ struct Done {
   Clock::time_point issued, finished;
 };
 
-// Fetch workers: jobs in, results out, in any order.
+// Fetch workers: jobs in, results out in the order they finished. It also
+// keeps the link's idle periods (nothing requested and unfinished), so that
+// bandwidth is measured over busy time only.
 class Fetcher {
  public:
   Fetcher(ChunkStore* store, std::span<const ChunkKey> keys, uint32_t threads) : store_(store), keys_(keys) {
@@ -44,18 +45,33 @@ class Fetcher {
   void Issue(Job job) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      jobs_.push_back({job, Clock::now()});
+      const Clock::time_point now = Clock::now();
+      if (active_ == 0 && finished_any_) idle_.emplace_back(last_finish_, now);
+      ++active_;
+      jobs_.push_back({job, now});
     }
     cv_.notify_one();
   }
-  // Blocks until some job completes; returns (index, result).
-  std::pair<uint32_t, Done> Next() {
+  // The earliest finished job not yet taken: blocks until there is one, or
+  // returns nothing at once when `wait` is false and none is there.
+  std::optional<std::pair<uint32_t, Done>> Next(bool wait) {
     std::unique_lock<std::mutex> lock(mu_);
-    done_cv_.wait(lock, [this] { return !done_.empty(); });
-    auto it = done_.begin();
-    std::pair<uint32_t, Done> r(it->first, std::move(it->second));
-    done_.erase(it);
+    if (wait) done_cv_.wait(lock, [this] { return !done_.empty(); });
+    if (done_.empty()) return std::nullopt;
+    std::pair<uint32_t, Done> r = std::move(done_.front());
+    done_.pop_front();
     return r;
+  }
+  // Seconds in [from, to] during which the link had work (requests issued
+  // and not finished).
+  double BusySeconds(Clock::time_point from, Clock::time_point to) {
+    std::lock_guard<std::mutex> lock(mu_);
+    double idle = 0;
+    for (const auto& [a, b] : idle_) {
+      const Clock::time_point lo = std::max(a, from), hi = std::min(b, to);
+      if (hi > lo) idle += Seconds(lo, hi);
+    }
+    return std::max(0.0, Seconds(from, to) - idle);
   }
 
  private:
@@ -73,10 +89,13 @@ class Fetcher {
       d.level = job.first.level;
       d.issued = job.second;
       d.frame = store_->Get(keys_[job.first.index], job.first.level);
-      d.finished = Clock::now();
       {
         std::lock_guard<std::mutex> lock(mu_);
-        done_.emplace(job.first.index, std::move(d));
+        d.finished = Clock::now();  // under the lock: done_ stays in finish order
+        --active_;
+        last_finish_ = std::max(last_finish_, d.finished);
+        finished_any_ = true;
+        done_.emplace_back(job.first.index, std::move(d));
       }
       done_cv_.notify_one();
     }
@@ -87,7 +106,11 @@ class Fetcher {
   std::mutex mu_;
   std::condition_variable cv_, done_cv_;
   std::deque<std::pair<Job, Clock::time_point>> jobs_;
-  std::multimap<uint32_t, Done> done_;
+  std::deque<std::pair<uint32_t, Done>> done_;
+  uint32_t active_ = 0;
+  bool finished_any_ = false;
+  Clock::time_point last_finish_{};
+  std::vector<std::pair<Clock::time_point, Clock::time_point>> idle_;
   bool stop_ = false;
   std::vector<std::thread> threads_;
 };
@@ -127,30 +150,36 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
   std::vector<std::optional<Done>> ready(n);
   std::vector<bool> skipped(n, false);  // recompute chosen at issue time
   std::vector<uint64_t> issued_bytes(n, 0);
+  std::vector<int> issued_level(n, -1);
   uint32_t next_issue = 0, next_deliver = 0, outstanding = 0;
   uint64_t outstanding_bytes = 0;
-  // Bandwidth samples span the last `inflight` completions: with several
-  // requests sharing the link they finish close together, so the gap between
-  // two completions alone overstates the rate.
-  std::deque<std::pair<Clock::time_point, uint64_t>> window;  // (finish, bytes delivered up to it)
-  Clock::time_point first_issue{};
+  // Bandwidth samples: the bytes of the last `inflight` completions (in
+  // finish order) over the link's busy time since the completion before
+  // them. With several requests sharing the link they progress together and
+  // finish in bursts, so one gap between two completions says little; a
+  // window as deep as the pipeline spans one "round" of it.
+  std::deque<std::pair<Clock::time_point, uint64_t>> window;  // (finish, bytes) of the last completions
+  Clock::time_point window_start{};                            // finish of the one before them, or first issue
   bool issued_any = false;
-  uint64_t delivered_total = 0;
 
   auto fail = [&](uint32_t i, const std::string& why) {
     result.errors.push_back("chunk " + std::to_string(i) + " (" + keys[i].Hex() + "): " + why);
     skipped[i] = true;
   };
-
-  while (next_deliver < n) {
-    // Issue while there is room; while the bandwidth is unknown, one probe.
+  auto issue = [&] {  // while there is room; while the bandwidth is unknown, one probe
     while (next_issue < n && outstanding < options.inflight &&
            (options.fixed_level >= 0 || planner.bandwidth() > 0 || outstanding == 0)) {
       int level;
       if (options.fixed_level >= 0) {
         level = planner.Resolve(next_issue, options.fixed_level);
       } else {
-        const Plan plan = planner.Replan(next_issue, Seconds(t0, Clock::now()), outstanding_bytes);
+        // Beyond one request, keep at most queue_ms of transfer outstanding.
+        if (outstanding > 0 && static_cast<double>(outstanding_bytes) / planner.bandwidth() * 1000.0 >= options.queue_ms)
+          break;
+        double pending_decode = 0;
+        for (uint32_t c = next_deliver; c < next_issue; ++c)
+          if (!skipped[c]) pending_decode += planner.DecodeSeconds(c, issued_level[c]);
+        const Plan plan = planner.Replan(next_issue, Seconds(t0, Clock::now()), outstanding_bytes, pending_decode);
         level = plan.decisions[0].level;
       }
       if (level < 0) {
@@ -159,62 +188,77 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
         continue;
       }
       issued_bytes[next_issue] = found[next_issue].level_bytes[level];
+      issued_level[next_issue] = level;
       outstanding_bytes += issued_bytes[next_issue];
-      if (!issued_any) first_issue = Clock::now();
+      if (!issued_any) window_start = Clock::now();
       issued_any = true;
       fetcher.Issue({next_issue, static_cast<uint32_t>(level)});
       ++outstanding;
       ++next_issue;
     }
-    // Deliver what is ready, in order.
-    while (next_deliver < n && (skipped[next_deliver] || ready[next_deliver])) {
-      const uint32_t i = next_deliver++;
-      if (skipped[i]) continue;
-      Done d = std::move(*ready[i]);
-      ready[i].reset();
-      if (!d.frame.ok()) {
-        fail(i, d.frame.status().ToString());
-        continue;
-      }
-      const Clock::time_point dec0 = Clock::now();
-      Result<FrameInfo> info = InspectFrame(*d.frame);
-      if (!info.ok()) {
-        fail(i, info.status().ToString());
-        continue;
-      }
-      KVTensor kv(info->shape, options.dtype);
-      Status st = DecodeFrame(*d.frame, kv.view(), options.decode_threads);
-      if (!st.ok()) {
-        fail(i, st.ToString());
-        continue;
-      }
-      result.decode_ms += Seconds(dec0, Clock::now()) * 1000.0;
-      StreamedChunk chunk;
-      chunk.index = i;
-      chunk.level = d.level;
-      chunk.token_start = info->token_start;
-      chunk.bytes = d.frame->size();
-      chunk.kv = &kv;
-      if (on_chunk) on_chunk(chunk);
-      planner.OnProcessed(Seconds(dec0, Clock::now()));
-      result.levels[i] = static_cast<int>(d.level);
-    }
-    if (next_deliver >= n) break;
-    if (outstanding == 0) continue;  // everything left was skipped or is issuable
-    // Wait for a completion.
-    auto [i, d] = fetcher.Next();
+  };
+  auto complete = [&](uint32_t i, Done d) {
     --outstanding;
     outstanding_bytes -= issued_bytes[i];
     if (d.frame.ok()) {
       result.bytes += d.frame->size();
-      delivered_total += d.frame->size();
-      const Clock::time_point from = window.empty() ? first_issue : std::max(window.front().first, d.issued);
-      const uint64_t base = window.empty() || from == d.issued ? delivered_total - d.frame->size() : window.front().second;
-      planner.OnDelivered(delivered_total - base, Seconds(from, d.finished));
-      window.emplace_back(d.finished, delivered_total);
-      if (window.size() > options.inflight) window.pop_front();
+      window.emplace_back(d.finished, d.frame->size());
+      if (window.size() > options.inflight) {
+        window_start = window.front().first;
+        window.pop_front();
+      }
+      uint64_t bytes = 0;
+      for (const auto& w : window) bytes += w.second;
+      planner.OnDelivered(bytes, fetcher.BusySeconds(window_start, d.finished));
     }
     ready[i] = std::move(d);
+  };
+  // Decodes and hands over chunk next_deliver when it is there; false if not.
+  auto deliver_one = [&]() -> bool {
+    if (next_deliver >= n || !(skipped[next_deliver] || ready[next_deliver])) return false;
+    const uint32_t i = next_deliver++;
+    if (skipped[i]) return true;
+    Done d = std::move(*ready[i]);
+    ready[i].reset();
+    if (!d.frame.ok()) {
+      fail(i, d.frame.status().ToString());
+      return true;
+    }
+    const Clock::time_point dec0 = Clock::now();
+    Result<FrameInfo> info = InspectFrame(*d.frame);
+    if (!info.ok()) {
+      fail(i, info.status().ToString());
+      return true;
+    }
+    KVTensor kv(info->shape, options.dtype);
+    Status st = DecodeFrame(*d.frame, kv.view(), options.decode_threads);
+    if (!st.ok()) {
+      fail(i, st.ToString());
+      return true;
+    }
+    result.decode_ms += Seconds(dec0, Clock::now()) * 1000.0;
+    StreamedChunk chunk;
+    chunk.index = i;
+    chunk.level = d.level;
+    chunk.token_start = info->token_start;
+    chunk.bytes = d.frame->size();
+    chunk.kv = &kv;
+    if (on_chunk) on_chunk(chunk);
+    planner.OnProcessed(Seconds(dec0, Clock::now()), static_cast<int>(d.level));
+    result.levels[i] = static_cast<int>(d.level);
+    return true;
+  };
+
+  // Between two decodes: take every finished fetch, then refill the pipeline,
+  // so requests are issued with the newest estimate and the link does not
+  // idle while chunks are decoded.
+  while (next_deliver < n) {
+    while (auto r = fetcher.Next(false)) complete(r->first, std::move(r->second));
+    issue();
+    if (deliver_one()) continue;
+    if (outstanding == 0) continue;  // everything left was skipped or is issuable
+    auto r = fetcher.Next(true);
+    complete(r->first, std::move(r->second));
   }
   for (uint32_t i = 0; i < n; ++i)
     if (result.levels[i] < 0) result.recompute.push_back(i);

@@ -22,14 +22,15 @@ PlannerOptions Opts(double deadline_s, double bw = 0) {
   o.deadline_s = deadline_s;
   o.initial_bandwidth_bytes_s = bw;
   o.safety = 1.0;
+  o.reserve = 0;
   return o;
 }
 
-TEST(Planner, UnknownBandwidthProbesCoarsest) {
+TEST(Planner, UnknownBandwidthProbesFinest) {
   LevelPlanner p(Chunks(4), Opts(1.0));
   Plan plan = p.Replan(0, 0, 0);
   ASSERT_EQ(plan.decisions.size(), 4u);
-  for (auto d : plan.decisions) EXPECT_EQ(d.level, 3);
+  for (auto d : plan.decisions) EXPECT_EQ(d.level, 0);
   EXPECT_FALSE(plan.feasible);
 }
 
@@ -115,6 +116,35 @@ TEST(Planner, BandwidthEstimateIsSmoothed) {
   EXPECT_DOUBLE_EQ(p.bandwidth(), 2000);
   p.OnDelivered(5000, 0);  // ignored
   EXPECT_DOUBLE_EQ(p.bandwidth(), 2000);
+  p.OnDelivered(500, 1.0);  // a drop is taken at once
+  EXPECT_DOUBLE_EQ(p.bandwidth(), 500);
+}
+
+TEST(Planner, DecodeTimesPerLevelAndScaledForUnseenLevels) {
+  LevelPlanner p(Chunks(4), Opts(1.0, 1e9));
+  EXPECT_EQ(p.DecodeSeconds(0, 0), 0) << "unknown before any chunk was processed";
+  p.OnProcessed(0.010, 0);
+  EXPECT_DOUBLE_EQ(p.DecodeSeconds(1, 0), 0.010);
+  // Level 3 not seen: level 0's time scaled by the bytes (0.42 MB vs 1 MB).
+  EXPECT_NEAR(p.DecodeSeconds(1, 3), 0.010 * 0.421875, 1e-12);
+  p.OnProcessed(0.008, 3);
+  EXPECT_DOUBLE_EQ(p.DecodeSeconds(1, 3), 0.008);
+  EXPECT_NEAR(p.DecodeSeconds(1, 2), 0.008 * 0.5625 / 0.421875, 1e-12) << "nearest seen level";
+}
+
+TEST(Planner, DecodeBoundTransfersPickFasterDecodingLevels) {
+  // A fast link (4 MB in 4 ms) but 100 ms of decode per level-0 chunk and
+  // 50 ms per level-3 chunk (levels 1 and 2 scaled from the nearest: 75 and
+  // 67 ms): with 0.21 s left only level 3 fits 4 chunks.
+  LevelPlanner p(Chunks(4), Opts(0.21, 1e9));
+  EXPECT_EQ(p.Replan(0, 0, 0).decisions[0].level, 0) << "no decode times known yet";
+  p.OnProcessed(0.100, 0);
+  p.OnProcessed(0.050, 3);
+  Plan plan = p.Replan(0, 0, 0);
+  EXPECT_TRUE(plan.feasible);
+  for (auto d : plan.decisions) EXPECT_EQ(d.level, 3);
+  // Decode already ahead (pending) counts too: nothing fits then.
+  EXPECT_FALSE(p.Replan(0, 0, 0, 0.2).feasible);
 }
 
 TEST(Planner, RecomputesLateChunksWhenCheaper) {

@@ -1,18 +1,23 @@
 // `cachegen bench-store`: put/get throughput and latency percentiles of one
-// or more chunk stores, side by side in one run.
+// or more chunk stores, side by side in one run; with --service, a load test
+// of the HTTP chunk service over each store (N clients x M mixed requests).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
 #include "cachegen/cli.h"
+#include "cachegen/codec.h"
 #include "cachegen/command.h"
+#include "cachegen/service.h"
 #include "cachegen/store.h"
+#include "cachegen/stream.h"
 
 namespace cachegen::cli {
 namespace {
@@ -23,7 +28,185 @@ struct BenchStoreArgs {
   uint32_t ops = 200;
   uint32_t threads = 1;
   bool json = false;
+  bool service = false;
+  uint32_t requests = 1000;
+  std::string synthetic = "4,8,128,64";
 };
+
+// Latency percentile (microseconds) of a sorted sample.
+double Percentile(const std::vector<double>& sorted, double q) {
+  if (sorted.empty()) return 0;
+  return sorted[std::min(sorted.size() - 1, static_cast<size_t>(q * static_cast<double>(sorted.size())))];
+}
+
+// --service: the store behind an in-process `cachegen serve` on a loopback
+// port, `threads` clients (one connection pool each) sending `requests`
+// mixed requests each: GET of a stored chunk 50 %, GET of an absent one 10 %,
+// HEAD 15 %, PUT 15 %, DELETE of the client's own PUT 5 %, lookup of 4 keys
+// 5 %. An error is any answer other than the one expected (a stored chunk
+// missing, an absent one found, a refused write...).
+int RunServiceLoad(const BenchStoreArgs& a, const std::string& uri, nlohmann::json* out) {
+  Result<KVTensor> kv = LoadInput("synthetic:" + a.synthetic);
+  if (!kv.ok()) return Fail(kv.status());
+  CodecConfig cfg;
+  cfg.chunk_tokens = kv->shape().tokens;
+  cfg.levels = 1;
+  Result<Encoder> enc = Encoder::Create(cfg);
+  if (!enc.ok()) return Fail(enc.status());
+  Result<std::vector<std::vector<uint8_t>>> frames = enc->EncodeChunk(kv->view(), 0, kv->shape().tokens);
+  if (!frames.ok()) return Fail(frames.status());
+  const std::vector<uint8_t>& frame = (*frames)[0];
+
+  auto s = OpenStore(uri);
+  if (!s.ok()) return Fail(s.status());
+  ServiceOptions sopts;
+  sopts.token = "bench-store-load";
+  sopts.threads = a.threads + 4;
+  Result<std::unique_ptr<Service>> svc = Service::Start(s->get(), sopts);
+  if (!svc.ok()) return Fail(svc.status());
+  const std::string url = "http://127.0.0.1:" + std::to_string((*svc)->port());
+  ClientOptions copts;
+  copts.token = sopts.token;
+
+  std::mt19937_64 rng(std::random_device{}());
+  auto random_key = [](std::mt19937_64& r) {
+    ChunkKey k;
+    for (auto& b : k.bytes) b = static_cast<uint8_t>(r());
+    return k;
+  };
+  std::vector<ChunkKey> stored(256);
+  for (auto& k : stored) {
+    k = random_key(rng);
+    Status st = (*s)->Put(k, 0, frame);
+    if (!st.ok()) return Fail(st);
+  }
+
+  enum Op { kGetHit, kGetMiss, kHead, kPut, kDelete, kLookup, kOps };
+  const char* names[kOps] = {"get", "get-miss", "head", "put", "delete", "lookup"};
+  std::vector<std::vector<double>> lat(kOps);
+  std::vector<uint64_t> errors(kOps, 0), count(kOps, 0);
+  std::vector<std::string> first_error;
+  std::mutex mu;
+  std::vector<ChunkKey> put_keys;  // removed afterwards
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> clients;
+  for (uint32_t c = 0; c < a.threads; ++c)
+    clients.emplace_back([&, seed = rng()] {
+      std::mt19937_64 r(seed);
+      std::vector<std::vector<double>> my_lat(kOps);
+      std::vector<uint64_t> my_err(kOps, 0);
+      std::vector<ChunkKey> mine;
+      std::string why;
+      auto client = ConnectService(url, copts);
+      if (!client.ok()) {
+        std::lock_guard<std::mutex> lock(mu);
+        ++errors[kGetHit];
+        first_error.push_back(client.status().ToString());
+        return;
+      }
+      ChunkStore& store = **client;
+      for (uint32_t i = 0; i < a.requests; ++i) {
+        const uint32_t pick = static_cast<uint32_t>(r() % 100);
+        Op op = pick < 50 ? kGetHit : pick < 60 ? kGetMiss : pick < 75 ? kHead : pick < 90 ? kPut
+              : pick < 95 ? kDelete : kLookup;
+        if (op == kDelete && mine.empty()) op = kPut;
+        const auto start = std::chrono::steady_clock::now();
+        bool ok = false;
+        switch (op) {
+          case kGetHit: {
+            auto got = store.Get(stored[r() % stored.size()], 0);
+            ok = got.ok() && *got == frame;
+            if (!ok) why = got.ok() ? "GET returned other bytes" : got.status().ToString();
+            break;
+          }
+          case kGetMiss: {
+            auto got = store.Get(random_key(r), 0);
+            ok = got.status().code() == StatusCode::kNotFound;
+            if (!ok) why = "GET of an absent chunk: " + got.status().ToString();
+            break;
+          }
+          case kHead: {
+            auto size = store.Size(stored[r() % stored.size()], 0);
+            ok = size.ok() && *size == frame.size();
+            if (!ok) why = "HEAD: " + size.status().ToString();
+            break;
+          }
+          case kPut: {
+            mine.push_back(random_key(r));
+            Status st = store.Put(mine.back(), 0, frame);
+            ok = st.ok();
+            if (!ok) why = "PUT: " + st.ToString();
+            break;
+          }
+          case kDelete: {
+            Status st = store.Delete(mine.back(), 0);
+            mine.pop_back();
+            ok = st.ok();
+            if (!ok) why = "DELETE: " + st.ToString();
+            break;
+          }
+          case kLookup: {
+            std::vector<ChunkKey> keys;
+            for (int k = 0; k < 4; ++k) keys.push_back(stored[r() % stored.size()]);
+            ok = LookupPrefix(store, keys, 1).size() == keys.size();
+            if (!ok) why = "lookup found less than was stored";
+            break;
+          }
+          case kOps:
+            break;
+        }
+        my_lat[op].push_back(
+            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count());
+        if (!ok) {
+          ++my_err[op];
+          why = "request " + std::to_string(i) + " of a client: " + why;
+        }
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      for (int op = 0; op < kOps; ++op) {
+        lat[op].insert(lat[op].end(), my_lat[op].begin(), my_lat[op].end());
+        errors[op] += my_err[op];
+      }
+      if (my_err != std::vector<uint64_t>(kOps, 0)) first_error.push_back(why);
+      put_keys.insert(put_keys.end(), mine.begin(), mine.end());
+    });
+  for (auto& t : clients) t.join();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (const auto& k : put_keys) (void)(*s)->Delete(k, 0);
+  for (const auto& k : stored) (void)(*s)->Delete(k, 0);
+  (*svc)->Stop();
+
+  std::vector<double> all;
+  uint64_t total_errors = 0;
+  nlohmann::json j{{"uri", (*s)->uri()},       {"service", true},  {"clients", a.threads},
+                   {"requests_per_client", a.requests}, {"frame_bytes", frame.size()}, {"seconds", seconds}};
+  if (!a.json)
+    std::printf("%s via HTTP service: %u clients x %u mixed requests, frame %zu bytes\n%-9s %8s %9s %9s %7s\n",
+                (*s)->uri().c_str(), a.threads, a.requests, frame.size(), "op", "requests", "p50 us", "p99 us",
+                "errors");
+  for (int op = 0; op < kOps; ++op) {
+    std::sort(lat[op].begin(), lat[op].end());
+    all.insert(all.end(), lat[op].begin(), lat[op].end());
+    total_errors += errors[op];
+    j["ops"][names[op]] = {{"requests", lat[op].size()}, {"p50_us", Percentile(lat[op], 0.5)},
+                           {"p99_us", Percentile(lat[op], 0.99)}, {"errors", errors[op]}};
+    if (!a.json)
+      std::printf("%-9s %8zu %9.0f %9.0f %7llu\n", names[op], lat[op].size(), Percentile(lat[op], 0.5),
+                  Percentile(lat[op], 0.99), static_cast<unsigned long long>(errors[op]));
+  }
+  std::sort(all.begin(), all.end());
+  j["all"] = {{"requests", all.size()}, {"requests_per_s", static_cast<double>(all.size()) / seconds},
+              {"p50_us", Percentile(all, 0.5)}, {"p99_us", Percentile(all, 0.99)}, {"errors", total_errors}};
+  if (!first_error.empty()) j["first_error"] = first_error.front();
+  if (!a.json) {
+    std::printf("%-9s %8zu %9.0f %9.0f %7llu   (%.0f requests/s over %.1f s)\n", "all", all.size(),
+                Percentile(all, 0.5), Percentile(all, 0.99), static_cast<unsigned long long>(total_errors),
+                static_cast<double>(all.size()) / seconds, seconds);
+    if (!first_error.empty()) std::printf("first error: %s\n", first_error.front().c_str());
+  }
+  out->push_back(j);
+  return total_errors == 0 ? 0 : 1;
+}
 
 struct Phase {
   double seconds = 0;
@@ -61,8 +244,19 @@ Phase RunPhase(uint32_t n, uint32_t threads, const Op& op) {
 }
 
 int RunBenchStore(const BenchStoreArgs& a) {
-  if (a.ops == 0 || a.threads == 0 || a.frame_bytes == 0)
-    return Fail(Status::InvalidArgument("--ops, --threads and --frame-bytes must be positive"));
+  if (a.ops == 0 || a.threads == 0 || a.frame_bytes == 0 || a.requests == 0)
+    return Fail(Status::InvalidArgument("--ops, --threads, --requests and --frame-bytes must be positive"));
+  if (a.service) {
+    nlohmann::json out = nlohmann::json::array();
+    int rc = 0;
+    for (const std::string& uri : a.uris) {
+      const int r = RunServiceLoad(a, uri, &out);
+      if (r != 0 && r != 1) return r;
+      rc |= r;
+    }
+    if (a.json) std::printf("%s\n", nlohmann::json{{"stores", out}}.dump().c_str());
+    return rc;
+  }
   std::mt19937_64 rng(std::random_device{}());
   std::vector<uint8_t> frame(a.frame_bytes);
   for (auto& b : frame) b = static_cast<uint8_t>(rng());
@@ -104,6 +298,12 @@ const bool kRegistered = RegisterCommand(46, [](CLI::App& root) -> CommandRunner
   sub->add_option("--frame-bytes", args->frame_bytes, "Bytes per frame")->capture_default_str();
   sub->add_option("--ops", args->ops, "Frames put, then got, per store")->capture_default_str();
   sub->add_option("--threads", args->threads, "Concurrent clients")->capture_default_str();
+  sub->add_flag("--service", args->service,
+                "Load-test the HTTP service over each store: --threads clients x --requests mixed requests "
+                "(exit 1 on any error)");
+  sub->add_option("--requests", args->requests, "With --service: requests per client")->capture_default_str();
+  sub->add_option("--synthetic", args->synthetic, "With --service: the chunk stored (L,H,D,T), one frame")
+      ->capture_default_str();
   sub->add_flag("--json", args->json, "Print one JSON object");
   return [sub, args] { return *sub ? std::optional<int>(RunBenchStore(*args)) : std::nullopt; };
 });
