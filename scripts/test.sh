@@ -120,6 +120,8 @@ expect_rc 1 build/cachegen store verify --store "file://$tmp/store"
 expect_rc 1 build/cachegen store get --store "file://$tmp/store" "$key" 1 -o "$tmp/frame.out"
 build/cachegen bench-store --store mem:// --store "file://$tmp/bench" --ops 20 --frame-bytes 4096 --json \
   | python3 -c 'import json,sys; d=json.load(sys.stdin); assert all(s["put"]["errors"]==0 and s["get"]["errors"]==0 for s in d["stores"])'
+build/cachegen bench-store --store mem:// --service --threads 8 --requests 50 --json \
+  | python3 -c 'import json,sys; d=json.load(sys.stdin); assert all(s["all"]["requests"]==400 and s["all"]["errors"]==0 for s in d["stores"])'
 echo "cli smoke ok"
 
 if build/cachegen eval --help >/dev/null 2>&1; then
