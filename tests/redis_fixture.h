@@ -109,31 +109,39 @@ class RedisServer {
   ~RedisServer() { Stop(); }
 
   // Starts redis-server on a free port and waits until it answers PING.
+  // Several test processes pick ports at once: a port found free may be
+  // taken before our server binds it, and then another process's server
+  // answers. So the answer must come from our process (INFO's process_id),
+  // else it tries the next free port.
   bool Start(bool cluster, const std::vector<std::string>& extra = {}) {
-    port_ = FreePort();
-    dir_ = std::filesystem::temp_directory_path().string() + "/cachegen_redis_" + std::to_string(::getpid()) + "_" +
-           std::to_string(port_);
-    std::filesystem::remove_all(dir_);
-    std::filesystem::create_directories(dir_);
-    std::vector<std::string> argv{"redis-server", "--port", std::to_string(port_), "--bind", "127.0.0.1",
-                                  "--dir", dir_, "--save", "", "--appendonly", "no", "--daemonize", "no"};
-    if (cluster)
-      argv.insert(argv.end(), {"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                               "--cluster-node-timeout", "2000", "--cluster-require-full-coverage", "no"});
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    pid_ = Spawn(argv, dir_ + "/redis.log");
-    if (pid_ <= 0) return Fail("cannot spawn redis-server");
-    for (int i = 0; i < 200; ++i) {
-      const std::string pong = RedisCli(port_, "PING");
-      if (pong == "PONG" || pong.find("NOAUTH") != std::string::npos) return true;
-      int status;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return Fail("redis-server exited; see " + dir_ + "/redis.log");
+    for (int attempt = 0; attempt < 20; ++attempt) {
+      Kill(SIGKILL);
+      if (!dir_.empty()) std::filesystem::remove_all(dir_);
+      port_ = FreePort();
+      dir_ = std::filesystem::temp_directory_path().string() + "/cachegen_redis_" + std::to_string(::getpid()) +
+             "_" + std::to_string(port_);
+      std::filesystem::remove_all(dir_);
+      std::filesystem::create_directories(dir_);
+      std::vector<std::string> argv{"redis-server", "--port", std::to_string(port_), "--bind", "127.0.0.1",
+                                    "--dir", dir_, "--save", "", "--appendonly", "no", "--daemonize", "no"};
+      if (cluster)
+        argv.insert(argv.end(), {"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                                 "--cluster-node-timeout", "2000", "--cluster-require-full-coverage", "no"});
+      argv.insert(argv.end(), extra.begin(), extra.end());
+      for (size_t i = 0; i + 1 < extra.size(); ++i)
+        if (extra[i] == "--requirepass") auth_ = "--no-auth-warning -a " + extra[i + 1] + " ";
+      pid_ = Spawn(argv, dir_ + "/redis.log");
+      if (pid_ <= 0) return Fail("cannot spawn redis-server");
+      switch (WaitOurs()) {
+        case kOurs:
+          return true;
+        case kTaken:
+          continue;
+        case kTimeout:
+          return Fail("redis-server on port " + std::to_string(port_) + " did not answer PING");
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(25));
     }
-    return Fail("redis-server on port " + std::to_string(port_) + " did not answer PING");
+    return Fail("no free port for redis-server after 20 attempts");
   }
 
   // SIGKILL (crash) or SIGTERM, and reap.
@@ -160,9 +168,33 @@ class RedisServer {
     error_ = std::move(why);
     return false;
   }
+  enum Wait { kOurs, kTaken, kTimeout };
+  // Waits until our server answers; kTaken when it exited (cannot bind) or
+  // another process's server answers on the port.
+  Wait WaitOurs() {
+    for (int i = 0; i < 200; ++i) {
+      int status;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return kTaken;
+      }
+      const std::string pong = RedisCli(port_, "PING");
+      if (pong == "PONG" || pong.find("NOAUTH") != std::string::npos) {
+        const std::string info = RedisCli(port_, auth_ + "INFO server");
+        if (info.find("process_id:" + std::to_string(pid_) + "\r") != std::string::npos ||
+            info.find("process_id:" + std::to_string(pid_) + "\n") != std::string::npos)
+          return kOurs;
+        ::usleep(50 * 1000);  // ours exits when it fails to bind; another's keeps answering
+        if (::waitpid(pid_, &status, WNOHANG) == pid_) pid_ = -1;
+        return kTaken;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    return kTimeout;
+  }
   int port_ = 0;
   pid_t pid_ = -1;
-  std::string dir_, error_;
+  std::string dir_, error_, auth_;
 };
 
 class RedisCluster {

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <csignal>
+#include <functional>
 #include <mutex>
 #include <set>
 
@@ -32,8 +33,9 @@ constexpr const char* kToken = "cluster-token";
     if (!testing_redis::RedisServerAvailable()) GTEST_SKIP() << testing_redis::kNoRedisServer;  \
   } while (0)
 
-// The cluster store as is, recording which keys were read after `killed` was
-// set (every such read reached the cluster after the node had died).
+// The cluster store as is, except that its `kill_at`-th Get first runs
+// `kill`; it records which keys were read from then on (every such read
+// reached the cluster after the kill).
 class ReadLog final : public ChunkStore {
  public:
   explicit ReadLog(std::unique_ptr<ChunkStore> inner) : inner_(std::move(inner)) {}
@@ -41,9 +43,13 @@ class ReadLog final : public ChunkStore {
     return inner_->Put(key, level, frame);
   }
   Result<std::vector<uint8_t>> Get(const ChunkKey& key, uint32_t level) override {
-    if (killed.load()) {
+    {
       std::lock_guard<std::mutex> lock(mu_);
-      after_kill_.insert(key);
+      if (++reads_ == kill_at && kill) {
+        kill();
+        killed_ = true;
+      }
+      if (killed_) after_kill_.insert(key);
     }
     return inner_->Get(key, level);
   }
@@ -51,15 +57,23 @@ class ReadLog final : public ChunkStore {
   Status Delete(const ChunkKey& key, uint32_t level) override { return inner_->Delete(key, level); }
   StoreStats stats() const override { return inner_->stats(); }
   std::string uri() const override { return inner_->uri(); }
+  bool killed() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return killed_;
+  }
   bool ReadAfterKill(const ChunkKey& key) {
     std::lock_guard<std::mutex> lock(mu_);
     return after_kill_.count(key) > 0;
   }
-  std::atomic<bool> killed{false};
+  // Set before the reads start.
+  uint64_t kill_at = 0;
+  std::function<void()> kill;
 
  private:
   std::unique_ptr<ChunkStore> inner_;
   std::mutex mu_;
+  uint64_t reads_ = 0;
+  bool killed_ = false;
   std::set<ChunkKey> after_kill_;
 };
 
@@ -146,17 +160,16 @@ TEST(RedisClusterStream, PutAndStreamThroughTheServiceEndToEnd) {
   EXPECT_EQ(cs.store->stats().corrupt, 0u);
 }
 
-// Kills the master holding the last chunk from the callback of chunk 3, then
-// checks the outcome. `via` is the store the client reads (the cluster store
-// or the service over it). Which chunks were already requested at the kill
-// depends on timing; reads that reached the cluster after it are logged.
+// Kills the master holding the last chunk when the stream's 6th chunk read
+// reaches the cluster store, then checks the outcome. `via` is the store the
+// client reads (the cluster store or the service over it).
 void KillMidStream(ClusterService& cs, ChunkStore& via) {
   const TestContext c = StoreContext(*cs.store);
   const std::vector<ChunkKey> keys = ChunkKeys(c.root, c.tokens, c.chunk_tokens);
   const std::vector<int> owner = Owners(cs.cluster, c);
   const int dead = owner.back();
-  const uint32_t kill_after = 3;
-  ASSERT_GT(std::count(owner.begin() + kill_after + 1, owner.end(), dead), 1);
+  cs.store->kill_at = 6;
+  cs.store->kill = [&] { cs.cluster.node(static_cast<size_t>(dead)).Kill(SIGKILL); };
 
   StreamOptions opts;
   opts.deadline_ms = 60000;
@@ -165,20 +178,16 @@ void KillMidStream(ClusterService& cs, ChunkStore& via) {
   auto r = StreamClient(&via).FetchTokens(c.root, c.tokens, c.chunk_tokens, opts, [&](const StreamedChunk& s) {
     delivered.push_back(s.index);
     ExpectDirectDecode(c, s);
-    if (s.index == kill_after) {
-      cs.cluster.node(static_cast<size_t>(dead)).Kill(SIGKILL);
-      cs.store->killed = true;
-    }
   });
   ASSERT_TRUE(r.ok()) << r.status().ToString();
-  ASSERT_TRUE(cs.store->killed) << "the kill happened mid-stream";
+  ASSERT_TRUE(cs.store->killed()) << "the kill happened mid-stream";
   EXPECT_EQ(r->cached, 24u) << "the lookup ran before the kill";
   ASSERT_EQ(r->levels.size(), 24u);
   std::vector<uint32_t> expect_recompute;
   uint32_t failed_after_kill = 0;
   for (uint32_t i = 0; i < 24; ++i) {
-    if (i <= kill_after || owner[i] != dead) {
-      EXPECT_GE(r->levels[i], 0) << "chunk " << i << " on a live node (or fetched before the kill)";
+    if (owner[i] != dead) {
+      EXPECT_GE(r->levels[i], 0) << "chunk " << i << " on a live node";
     } else if (cs.store->ReadAfterKill(keys[i])) {
       EXPECT_EQ(r->levels[i], -1) << "chunk " << i << " read from the killed node";
       ++failed_after_kill;
