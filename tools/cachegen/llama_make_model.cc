@@ -1,5 +1,6 @@
 // `cachegen make-model`: writes a random-weight GGUF of a given shape.
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 
 #include "cachegen/cli.h"
@@ -15,6 +16,7 @@ struct MakeModelArgs {
   uint32_t layers = 0, ffn = 0;
   uint64_t seed = 1;
   bool f32 = false;
+  std::string type = "f16";
 };
 
 int RunMakeModel(const MakeModelArgs& a) {
@@ -23,12 +25,21 @@ int RunMakeModel(const MakeModelArgs& a) {
   if (a.layers) shape->layers = a.layers;
   if (a.ffn) shape->ffn = a.ffn;
   shape->seed = a.seed;
-  shape->f16_weights = !a.f32;
-  auto bytes = engine::WriteRandomModel(*shape, a.out);
+  const std::string type = a.f32 ? "f32" : a.type;
+  shape->f16_weights = type != "f32";
+  const bool quantize = type != "f16" && type != "f32";
+  // Quantized: written in f16 next to the output, then requantized by llama.cpp.
+  const std::string raw = quantize ? a.out + ".f16.tmp" : a.out;
+  auto bytes = engine::WriteRandomModel(*shape, raw);
+  if (bytes.ok() && quantize) bytes = engine::QuantizeModel(raw, a.out, type);
+  if (quantize) {
+    std::error_code ec;
+    std::filesystem::remove(raw, ec);
+  }
   if (!bytes.ok()) return Fail(bytes.status());
-  std::printf("wrote %s: random weights, shape %s (%u layers, width %u, %u heads, %u KV heads, head dim %u, "
+  std::printf("wrote %s: random %s weights, shape %s (%u layers, width %u, %u heads, %u KV heads, head dim %u, "
               "ffn %u), %.1f MB\n",
-              a.out.c_str(), a.shape.c_str(), shape->layers, shape->embd, shape->heads, shape->kv_heads,
+              a.out.c_str(), type.c_str(), a.shape.c_str(), shape->layers, shape->embd, shape->heads, shape->kv_heads,
               shape->embd / shape->heads, shape->ffn, static_cast<double>(*bytes) / 1e6);
   return 0;
 }
@@ -43,7 +54,10 @@ const bool kRegistered = RegisterCommand(60, [](CLI::App& root) -> CommandRunner
   sub->add_option("--layers", args->layers, "Override the layer count");
   sub->add_option("--ffn", args->ffn, "Override the feed-forward width");
   sub->add_option("--seed", args->seed, "Weight seed")->capture_default_str();
-  sub->add_flag("--f32", args->f32, "f32 weight matrices instead of f16");
+  sub->add_option("--type", args->type, "Weight matrices: f16, f32, or quantized by llama.cpp: q8_0, q4_0, q4_k_m")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f16", "f32", "q8_0", "q4_0", "q4_k_m"}));
+  sub->add_flag("--f32", args->f32, "f32 weight matrices (same as --type f32)");
   return [sub, args] { return *sub ? std::optional<int>(RunMakeModel(*args)) : std::nullopt; };
 });
 

@@ -6,8 +6,11 @@
 #include <memory>
 #include <vector>
 
+#include <filesystem>
+
 #include <ggml.h>
 #include <gguf.h>
+#include <llama.h>
 
 #include "common/half.h"
 
@@ -195,6 +198,27 @@ Result<uint64_t> WriteRandomModel(const RandomModelShape& s, const std::string& 
   ok = std::fclose(f) == 0 && ok;
   if (!ok) return Status::IOError("write to '" + path + "' failed");
   return static_cast<uint64_t>(data_start + written);
+}
+
+Result<uint64_t> QuantizeModel(const std::string& in, const std::string& out, const std::string& type) {
+  llama_model_quantize_params qp = llama_model_quantize_default_params();
+  if (type == "q8_0") {
+    qp.ftype = LLAMA_FTYPE_MOSTLY_Q8_0;
+  } else if (type == "q4_0") {
+    qp.ftype = LLAMA_FTYPE_MOSTLY_Q4_0;
+  } else if (type == "q4_k_m") {
+    qp.ftype = LLAMA_FTYPE_MOSTLY_Q4_K_M;
+  } else {
+    return Status::InvalidArgument("unknown weight type '" + type + "' (q8_0, q4_0, q4_k_m)");
+  }
+  if (in == out) return Status::InvalidArgument("quantize: input and output are the same file");
+  llama_backend_init();
+  if (llama_model_quantize(in.c_str(), out.c_str(), &qp) != 0)
+    return Status::Internal("llama.cpp could not quantize '" + in + "' to " + type);
+  std::error_code ec;
+  const uintmax_t size = std::filesystem::file_size(out, ec);
+  if (ec) return Status::IOError("cannot stat '" + out + "'");
+  return static_cast<uint64_t>(size);
 }
 
 }  // namespace cachegen::engine

@@ -33,4 +33,9 @@ Result<RandomModelShape> RandomModelPreset(const std::string& name);
 // Writes the model to `path`; returns the file size.
 Result<uint64_t> WriteRandomModel(const RandomModelShape& shape, const std::string& path);
 
+// Rewrites the GGUF model `in` with its weight matrices in `type` through
+// llama.cpp's own quantizer (llama_model_quantize): "q8_0", "q4_0" or
+// "q4_k_m" (the mix llama.cpp users most often run). Returns the file size.
+Result<uint64_t> QuantizeModel(const std::string& in, const std::string& out, const std::string& type);
+
 }  // namespace cachegen::engine
