@@ -83,6 +83,7 @@ struct LlamaContextOptions {
   uint32_t n_seq = 1;              // sequences
   bool unified = true;             // false: one stream per sequence
   uint32_t threads = 0;            // 0: 1 for models under 50M parameters, else min(4, hardware)
+  uint32_t threads_batch = 0;      // for batches of several tokens (prefill); 0: as threads
 };
 
 class LlamaContext : public EngineAdapter {
@@ -113,6 +114,13 @@ class LlamaContext : public EngineAdapter {
 
   Result<CapturedKV> Capture(int32_t seq) override;
   Status Inject(int32_t seq, const KVView& kv, std::span<const int32_t> positions = {}) override;
+  // Appends `kv` to sequence `seq` at positions pos0, pos0+1, ..., keeping
+  // what the sequence already holds (Inject replaces it): pos0 must be one
+  // past the sequence's last position. The tokens go in through sequence
+  // `scratch` (empty, != seq; needs n_seq >= 2 and a unified cache), whose
+  // cells are then shared with `seq` (llama_memory_seq_cp: no data copy).
+  // Lets an engine inject a streamed context chunk by chunk as it arrives.
+  Status Append(int32_t seq, int32_t scratch, const KVView& kv, int32_t pos0);
 
  private:
   LlamaContext() = default;

@@ -177,6 +177,17 @@ float LoadValue(const uint8_t* p, int32_t type) {
   return type == kGgmlF16 ? F16ToF32(h) : BF16ToF32(h);
 }
 
+// Whether row (layer, kv, token) of `v` is channels() contiguous elements of
+// ggml type `type`: then its bytes are copied as they are, no conversion.
+bool RawRows(const KVView& v, int32_t type) {
+  const KVShape& s = v.shape();
+  if (ElemBytes(type) != DTypeSize(v.dtype())) return false;
+  const bool same_type = (type == kGgmlF32 && v.dtype() == DType::kF32) ||
+                         (type == kGgmlF16 && v.dtype() == DType::kF16) ||
+                         (type == kGgmlBF16 && v.dtype() == DType::kBF16);
+  return same_type && v.strides().dim == 1 && (s.kv_heads == 1 || v.strides().head == int64_t{s.head_dim});
+}
+
 }  // namespace
 
 std::string GgmlTypeName(int32_t type) {
@@ -273,14 +284,29 @@ Result<KVTensor> ExtractLlamaKV(std::span<const uint8_t> blob, const LlamaSeqSta
   for (uint32_t l = 0; l < s.layers; ++l) {
     const size_t kb = ElemBytes(s.k_type[l]);
     const uint8_t* k = blob.data() + s.k_offset[l];
+    const bool raw_k = RawRows(view, s.k_type[l]);
     for (uint32_t t = 0; t < s.cells; ++t) {
       const uint8_t* p = k + size_t{t} * width * kb;
+      if (raw_k) {
+        std::memcpy(view.Pointer(l, KV::kKey, t, 0, 0), p, size_t{width} * kb);
+        continue;
+      }
       for (uint32_t c = 0; c < width; ++c) row[c] = LoadValue(p + c * kb, s.k_type[l]);
       view.WriteRow(l, KV::kKey, t, row.data());
     }
     const size_t vb = ElemBytes(s.v_type[l]);
     const uint8_t* v = blob.data() + s.v_offset[l];
+    const bool raw_v = RawRows(view, s.v_type[l]);
     for (uint32_t t = 0; t < s.cells; ++t) {
+      if (raw_v) {
+        auto* dst = static_cast<uint8_t*>(view.Pointer(l, KV::kValue, t, 0, 0));
+        if (!s.v_trans) {
+          std::memcpy(dst, v + size_t{t} * width * vb, size_t{width} * vb);
+        } else {
+          for (uint32_t c = 0; c < width; ++c) std::memcpy(dst + c * vb, v + (size_t{c} * s.cells + t) * vb, vb);
+        }
+        continue;
+      }
       for (uint32_t c = 0; c < width; ++c) {
         const size_t idx = s.v_trans ? size_t{c} * s.cells + t : size_t{t} * width + c;
         row[c] = LoadValue(v + idx * vb, s.v_type[l]);
@@ -373,14 +399,19 @@ Result<std::vector<uint8_t>> WriteLlamaSeqState(const LlamaSeqLayout& layout, co
     w.U32(layout.v_trans ? 1 : 0);
     w.U32(shape.layers);
     std::vector<float> row(width);
+    const bool raw_k = RawRows(kv, layout.k_type), raw_v = RawRows(kv, layout.v_type);
     for (uint32_t l = 0; l < shape.layers; ++l) {
       w.U32(static_cast<uint32_t>(layout.k_type));
       w.U64(uint64_t{width} * kb);
       const size_t at = out.size();
       out.resize(at + size_t{cells} * width * kb);
       for (uint32_t t = 0; t < cells; ++t) {
-        kv.ReadRow(l, KV::kKey, t, row.data());
         uint8_t* p = out.data() + at + size_t{t} * width * kb;
+        if (raw_k) {
+          std::memcpy(p, kv.Pointer(l, KV::kKey, t, 0, 0), size_t{width} * kb);
+          continue;
+        }
+        kv.ReadRow(l, KV::kKey, t, row.data());
         for (uint32_t c = 0; c < width; ++c) StoreValue(p + c * kb, layout.k_type, row[c]);
       }
     }
@@ -395,6 +426,16 @@ Result<std::vector<uint8_t>> WriteLlamaSeqState(const LlamaSeqLayout& layout, co
       const size_t at = out.size();
       out.resize(at + size_t{cells} * width * vb);
       for (uint32_t t = 0; t < cells; ++t) {
+        if (raw_v) {
+          const auto* src = static_cast<const uint8_t*>(kv.Pointer(l, KV::kValue, t, 0, 0));
+          if (!layout.v_trans) {
+            std::memcpy(out.data() + at + size_t{t} * width * vb, src, size_t{width} * vb);
+          } else {
+            for (uint32_t c = 0; c < width; ++c)
+              std::memcpy(out.data() + at + (size_t{c} * cells + t) * vb, src + c * vb, vb);
+          }
+          continue;
+        }
         kv.ReadRow(l, KV::kValue, t, row.data());
         for (uint32_t c = 0; c < width; ++c) {
           const size_t idx = layout.v_trans ? size_t{c} * cells + t : size_t{t} * width + c;

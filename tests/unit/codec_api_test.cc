@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 
@@ -173,6 +174,33 @@ TEST(Encoder, WholeContextChunkAndStridedView) {
   KVView out(back.data(), DType::kF32, shape, st);
   ASSERT_TRUE(dec->Decode(out).ok());
   EXPECT_LT(MaxAbsDiff(in.view(), out), 0.005);
+}
+
+// fp16 of an f16 tensor is lossless into every layout: contiguous f16 (the
+// byte-copy path), token-major f16 (strided) and f32.
+TEST(Encoder, Fp16OfF16IsExactInEveryLayout) {
+  const KVShape shape{2, 2, 4, 10};
+  const KVTensor in = RandomTensor(shape, 9).Converted(DType::kF16);
+  auto bytes = Encoder::Create(Fp16(4))->Encode(in.view());
+  ASSERT_TRUE(bytes.ok());
+  auto dec = Decoder::Open(*bytes);
+  ASSERT_TRUE(dec.ok());
+  KVTensor same(shape, DType::kF16);
+  ASSERT_TRUE(dec->Decode(same.view()).ok());
+  EXPECT_EQ(std::memcmp(same.data(), in.data(), in.size_bytes()), 0);
+  std::vector<uint16_t> engine(shape.values());
+  KVStrides st;
+  st.dim = 1;
+  st.head = 4;
+  st.kv = 8;
+  st.layer = 16;
+  st.token = 32;
+  KVView token_major(engine.data(), DType::kF16, shape, st);
+  ASSERT_TRUE(dec->Decode(token_major).ok());
+  EXPECT_EQ(MaxAbsDiff(in.view(), token_major), 0.0);
+  KVTensor f32(shape, DType::kF32);
+  ASSERT_TRUE(dec->Decode(f32.view()).ok());
+  EXPECT_EQ(MaxAbsDiff(in.view(), f32.view()), 0.0);
 }
 
 TEST(Encoder, EncodeChunkFrames) {

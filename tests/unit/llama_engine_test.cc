@@ -2,6 +2,7 @@
 // Skips when ../shared/models/stories260K.gguf is absent.
 #include "cachegen/llama_engine.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -108,6 +109,70 @@ TEST_F(LlamaEngineTest, RoundTripIsBitExact) {
         ASSERT_EQ(got.size(), want.size());
         EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
       }
+}
+
+// Appending the captured KV chunk by chunk (as a stream delivers it) is the
+// same as injecting it at once: the same cells read back, bit-identical logits.
+TEST_F(LlamaEngineTest, AppendChunkByChunkIsBitExact) {
+  for (const char* type : {"f16", "f32", "bf16"})
+    for (int fa : {0, 1}) {
+      SCOPED_TRACE(testing::Message() << type << " flash_attn " << fa);
+      LlamaContextOptions o;
+      o.threads = 1;
+      o.n_ctx = 256;
+      o.cache_type = type;
+      o.flash_attn = fa;
+      o.n_seq = 2;
+      auto src = Context(o);
+      ASSERT_TRUE(src);
+      Prefill(*src);
+      auto cap = src->Capture(0);
+      ASSERT_TRUE(cap.ok()) << cap.status().ToString();
+      const auto want = NextLogits(*src);
+
+      auto dst = Context(o);
+      ASSERT_TRUE(dst);
+      const uint32_t n = cap->kv.shape().tokens;  // 200: chunks of 64, 64, 64, 8
+      for (uint32_t at = 0; at < n; at += 64) {
+        const uint32_t len = std::min(64u, n - at);
+        auto st = dst->Append(0, 1, cap->kv.view().Tokens(at, len), static_cast<int32_t>(at));
+        ASSERT_TRUE(st.ok()) << st.ToString();
+      }
+      auto again = dst->Capture(0);
+      ASSERT_TRUE(again.ok()) << again.status().ToString();
+      ASSERT_EQ(again->kv.size_bytes(), cap->kv.size_bytes());
+      EXPECT_EQ(std::memcmp(again->kv.data(), cap->kv.data(), cap->kv.size_bytes()), 0);
+      EXPECT_EQ(again->positions, cap->positions);
+      EXPECT_FALSE(dst->Capture(1).ok());  // the scratch sequence is left empty
+      const auto got = NextLogits(*dst);
+      ASSERT_EQ(got.size(), want.size());
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+    }
+}
+
+TEST_F(LlamaEngineTest, AppendRejectsGapsAndBadSequences) {
+  LlamaContextOptions o;
+  o.threads = 1;
+  o.n_ctx = 256;
+  o.n_seq = 2;
+  auto c = Context(o);
+  ASSERT_TRUE(c);
+  Prefill(*c);
+  auto cap = c->Capture(0);
+  ASSERT_TRUE(cap.ok());
+  const KVView chunk = cap->kv.view().Tokens(0, 16);
+  c->Clear();
+  EXPECT_EQ(c->Append(0, 1, chunk, 16).code(), StatusCode::kInvalidArgument);  // a gap before position 16
+  ASSERT_TRUE(c->Append(0, 1, chunk, 0).ok());
+  EXPECT_EQ(c->Append(0, 1, chunk, 0).code(), StatusCode::kInvalidArgument);  // overlaps what is there
+  EXPECT_EQ(c->Append(0, 0, chunk, 16).code(), StatusCode::kInvalidArgument);  // scratch == seq
+  EXPECT_EQ(c->Append(0, 2, chunk, 16).code(), StatusCode::kInvalidArgument);  // no sequence 2
+  EXPECT_EQ(c->Append(1, 0, chunk, 0).code(), StatusCode::kInvalidArgument);   // scratch 0 is not empty
+  ASSERT_TRUE(c->Append(0, 1, chunk, 16).ok());
+  o.unified = false;
+  auto split = Context(o);
+  ASSERT_TRUE(split);
+  EXPECT_EQ(split->Append(0, 1, chunk, 0).code(), StatusCode::kUnsupported);
 }
 
 // Capture -> cachegen encode/decode -> inject: the logits move, but only a little.

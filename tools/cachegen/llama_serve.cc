@@ -129,7 +129,10 @@ const bool kRegistered = RegisterCommand(50, [](CLI::App& root) -> CommandRunner
   sub->add_option("--ctx", a->engine.n_ctx, "Context size per slot (tokens)")->capture_default_str();
   sub->add_option("--cache-type", a->engine.cache_type, "llama.cpp KV cache type: f16, bf16, f32")->capture_default_str();
   sub->add_option("--threads", a->engine.threads, "llama.cpp threads per slot (0: its default)")->capture_default_str();
-  sub->add_option("--ttft-target", a->engine.ttft_target_ms, "Deadline (ms) for loading a cached prefix; 0 = none")
+  sub->add_option("--threads-batch", a->engine.threads_batch,
+                  "llama.cpp threads for prompt batches (0: as --threads)")
+      ->capture_default_str();
+  sub->add_option("--ttft-target", a->engine.ttft_target_ms, "Time-to-first-token target (ms): the cached prefix streams at the levels that fit it, less the measured one-token evaluation; 0 = none (best quality)")
       ->capture_default_str();
   sub->add_option("--chunk-tokens", a->engine.codec.chunk_tokens, "Tokens per stored chunk")->capture_default_str();
   sub->add_option("--levels", a->engine.codec.levels, "Quality levels stored per chunk")->capture_default_str();

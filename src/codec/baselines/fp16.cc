@@ -1,5 +1,6 @@
 // fp16: raw IEEE half, the reference point every ratio is measured against.
 // Payload: tokens * channels little-endian binary16 values, row-major.
+#include <bit>
 #include <cstring>
 
 #include "codec/codec.h"
@@ -41,6 +42,23 @@ class Fp16Codec final : public Codec {
       std::memcpy(&h, &payload[2 * i], 2);
       out[i] = F16ToF32(h);
     }
+    return Status::Ok();
+  }
+
+  // An f16 destination with contiguous rows takes the payload's bytes as
+  // they are (what a raw slot restore does): no round trip through f32.
+  Status DecodeSectionToView(const SectionContext& ctx, std::span<const uint8_t> payload, const KVView& out,
+                             std::vector<float>& scratch) const override {
+    const uint64_t row = ctx.shape.channels();
+    const bool raw = std::endian::native == std::endian::little && out.dtype() == DType::kF16 &&
+                     out.strides().dim == 1 &&
+                     (ctx.shape.kv_heads == 1 || out.strides().head == int64_t{ctx.shape.head_dim});
+    if (!raw) return Codec::DecodeSectionToView(ctx, payload, out, scratch);
+    if (payload.size() != uint64_t{ctx.shape.tokens} * row * 2)
+      return Status::Corrupt("fp16 section has " + std::to_string(payload.size()) + " bytes, expected " +
+                             std::to_string(uint64_t{ctx.shape.tokens} * row * 2));
+    for (uint32_t t = 0; t < ctx.shape.tokens; ++t)
+      std::memcpy(out.Pointer(ctx.layer, ctx.kv, t, 0, 0), payload.data() + t * row * 2, row * 2);
     return Status::Ok();
   }
 };

@@ -17,6 +17,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+constexpr int32_t kScratchSeq = 1;  // LlamaContext::Append's staging sequence
+
 double MsSince(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
@@ -110,6 +112,9 @@ Result<std::unique_ptr<LlamaCompletionEngine>> LlamaCompletionEngine::Create(std
   co.n_ctx = options.n_ctx;
   co.cache_type = options.cache_type;
   co.threads = options.threads;
+  co.threads_batch = options.threads_batch;
+  co.n_seq = 2;  // sequence 0 holds the request, kScratchSeq stages injected chunks
+  co.unified = true;
   for (uint32_t i = 0; i < options.slots; ++i) {
     Result<std::unique_ptr<LlamaContext>> ctx = LlamaContext::Create(e->model_, co);
     if (!ctx.ok()) return ctx.status();
@@ -125,6 +130,11 @@ Result<std::unique_ptr<LlamaCompletionEngine>> LlamaCompletionEngine::Create(std
   e->recompute_tokens_per_s_ = options.recompute_tokens_per_s;
   if (e->recompute_tokens_per_s_ <= 0) {
     Status st = e->MeasurePrefillSpeed();
+    if (!st.ok()) return st;
+  }
+  e->token_eval_ms_ = options.token_eval_ms;
+  if (e->token_eval_ms_ <= 0) {
+    Status st = e->MeasureTokenEval();
     if (!st.ok()) return st;
   }
   e->store_thread_ = std::thread([p = e.get()] { p->StoreWorker(); });
@@ -156,6 +166,35 @@ Status LlamaCompletionEngine::MeasurePrefillSpeed() {
   if (!st.ok()) return st;
   recompute_tokens_per_s_ = n / std::max(ms, 1e-3) * 1000.0;
   return Status::Ok();
+}
+
+// One token evaluated alone, the best of three (the first also pages the
+// weights in): the least a cached prompt still costs after its transfer.
+Status LlamaCompletionEngine::MeasureTokenEval() {
+  LlamaContext& ctx = *contexts_[0];
+  const int32_t tok = std::max(0, model_->info().bos);
+  double best = 0;
+  for (int i = 0; i < 3; ++i) {
+    ctx.Clear();
+    const auto t0 = Clock::now();
+    Status st = ctx.Eval(std::span<const int32_t>(&tok, 1), 0);
+    const double ms = MsSince(t0);
+    if (!st.ok()) return st;
+    best = i == 0 ? ms : std::min(best, ms);
+  }
+  ctx.Clear();
+  token_eval_ms_ = std::max(best, 1e-3);
+  return Status::Ok();
+}
+
+Result<CapturedKV> LlamaCompletionEngine::Capture(uint32_t slot) {
+  if (slot >= contexts_.size()) return Status::InvalidArgument("no such slot");
+  return contexts_[slot]->Capture(0);
+}
+
+Result<PutStats> LlamaCompletionEngine::StoreContext(std::span<const int32_t> tokens, const KVView& kv) {
+  if (!store_) return Status::InvalidArgument("no store to put chunks in");
+  return PutContext(*store_, root_, tokens, kv, *encoder_);
 }
 
 Result<std::vector<int32_t>> LlamaCompletionEngine::PromptTokens(const serve::CompletionRequest& req) const {
@@ -201,7 +240,7 @@ Result<std::vector<int32_t>> LlamaCompletionEngine::PromptTokens(const serve::Co
 }
 
 Result<PrefillResult> LlamaCompletionEngine::Prefill(uint32_t slot, std::span<const int32_t> tokens,
-                                                     double deadline_ms) {
+                                                     double ttft_target_ms) {
   if (slot >= contexts_.size()) return Status::InvalidArgument("no such slot");
   if (tokens.empty()) return Status::InvalidArgument("empty prompt");
   if (tokens.size() >= options_.n_ctx)
@@ -215,16 +254,17 @@ Result<PrefillResult> LlamaCompletionEngine::Prefill(uint32_t slot, std::span<co
   const uint32_t T = options_.codec.chunk_tokens;
   const uint32_t cacheable = static_cast<uint32_t>((tokens.size() - 1) / T);  // whole chunks before the last token
 
-  uint32_t prefix = 0;  // tokens whose KV was delivered contiguously from token 0
+  uint32_t prefix = 0;  // tokens whose KV was injected contiguously from token 0
   if (store_ && cacheable > 0) {
-    const LlamaModelInfo& mi = model_->info();
-    KVTensor kv(KVShape{mi.layers, mi.kv_heads, mi.head_dim, cacheable * T}, DType::kF16);
-    std::vector<bool> delivered(cacheable, false);
-    double decode_ms = 0;
-    Status copy_status;
+    Status inject_status;
+    bool gap = false;  // a chunk was not delivered: the ones after it cannot be injected yet
     StreamOptions so;
-    const double deadline = deadline_ms > 0 ? deadline_ms : options_.ttft_target_ms;
-    so.deadline_ms = deadline > 0 ? deadline : 1e9;
+    // The TTFT target less what follows the transfer (the uncached tail's
+    // evaluation) is the stream's deadline.
+    const double deadline = ttft_target_ms > 0 ? ttft_target_ms : options_.ttft_target_ms;
+    const auto tail_tokens = static_cast<double>(tokens.size() - size_t{cacheable} * T);
+    const double tail_ms = std::max(token_eval_ms_, tail_tokens / recompute_tokens_per_s_ * 1000.0);
+    so.deadline_ms = deadline > 0 ? std::max(deadline - tail_ms, 1.0) : 1e9;
     so.recompute_tokens_per_s = recompute_tokens_per_s_;
     so.inflight = options_.inflight;
     so.decode_threads = options_.decode_threads;
@@ -234,28 +274,28 @@ Result<PrefillResult> LlamaCompletionEngine::Prefill(uint32_t slot, std::span<co
     // The last request's bandwidth estimate, so the first chunk need not probe.
     so.initial_bandwidth_bytes_s = last_bandwidth_bytes_s_.load();
     StreamClient client(store_);
+    // Each chunk goes into the sequence as it arrives (in chunk order), while
+    // the next ones are still on the wire or being decoded.
     Result<StreamResult> r = client.FetchTokens(
         root_, tokens.first(cacheable * T), T, so, [&](const StreamedChunk& c) {
-          const auto c0 = Clock::now();
-          copy_status = CopyKV(c.kv->view(), kv.view().Tokens(c.index * T, T));
-          decode_ms += MsSince(c0);
-          delivered[c.index] = copy_status.ok();
           t.levels.push_back(c.level);
+          if (gap || !inject_status.ok() || c.index * T != prefix) {
+            gap = true;
+            return;
+          }
+          const auto i0 = Clock::now();
+          inject_status = ctx.Append(0, kScratchSeq, c.kv->view(), static_cast<int32_t>(prefix));
+          t.inject_ms += MsSince(i0);
+          if (inject_status.ok()) prefix += T;
         });
     if (!r.ok()) return r.status();
+    if (!inject_status.ok()) return inject_status;
     if (r->bandwidth_bytes_s > 0) last_bandwidth_bytes_s_ = r->bandwidth_bytes_s;
     t.lookup_ms = r->lookup_ms;
     t.transfer_ms = r->elapsed_ms;
-    t.decode_ms = r->decode_ms + decode_ms;
+    t.decode_ms = r->decode_ms;
     t.transfer_bytes = r->bytes;
     out.recompute_chunks = r->recompute;
-    while (prefix / T < cacheable && delivered[prefix / T]) prefix += T;
-    if (prefix > 0) {
-      const auto i0 = Clock::now();
-      Status st = ctx.Inject(0, kv.view().Tokens(0, prefix));
-      t.inject_ms = MsSince(i0);
-      if (!st.ok()) return st;
-    }
   }
   t.cached_tokens = prefix;
   t.recomputed_tokens = t.prompt_tokens - prefix;

@@ -6,8 +6,8 @@
 //      evaluated, so the first generated token has its logits);
 //   2. StreamClient fetches the longest cached prefix under the TTFT deadline,
 //      each chunk at the level the bandwidth allows, decoding while fetching;
-//   3. the delivered chunks up to the first one the planner gave up on are
-//      injected into the slot's sequence as one KV tensor;
+//   3. each delivered chunk is appended to the slot's sequence as it arrives
+//      (LlamaContext::Append), up to the first one the planner gave up on;
 //   4. the rest of the prompt is prefilled by the engine.
 // After prefill the prompt's whole chunks are captured and, on a background
 // thread, encoded at every level and stored (existing chunks are skipped), so
@@ -29,6 +29,7 @@
 #include "cachegen/codec.h"
 #include "cachegen/llama_engine.h"
 #include "cachegen/store.h"
+#include "cachegen/stream.h"
 #include "serve/completion_server.h"
 
 namespace cachegen {
@@ -40,9 +41,11 @@ struct LlamaServeOptions {
   uint32_t n_ctx = 4096;
   std::string cache_type = "f16";
   uint32_t threads = 0;            // llama.cpp threads per slot (0: its default)
+  uint32_t threads_batch = 0;      // llama.cpp threads for prompt batches (0: as threads)
   CodecConfig codec;               // how new chunks are encoded (levels, rate); chunk_tokens = chunk size
-  double ttft_target_ms = 0;       // transfer deadline when a request gives none; 0 = best quality, no deadline
+  double ttft_target_ms = 0;       // TTFT target when a request gives none; 0 = best quality, no deadline
   double recompute_tokens_per_s = 0;  // prefill speed for the planner; 0 = measured at start-up
+  double token_eval_ms = 0;        // one-token evaluation time; 0 = measured at start-up
   bool store_new_chunks = true;
   // RoPE-aware keys (CodecConfig::rope) from the model's GGUF when codec.rope
   // is unset; false stores keys as cached (post-RoPE).
@@ -74,18 +77,28 @@ class LlamaCompletionEngine final : public serve::CompletionEngine {
   // Tokens of a request's prompt (chat: through the model's chat template).
   Result<std::vector<int32_t>> PromptTokens(const serve::CompletionRequest& req) const;
   // Loads `tokens` into slot `slot`'s sequence (cached prefix + prefill), so
-  // that its logits after the last token are ready. deadline_ms <= 0: the
-  // options' ttft_target_ms.
-  Result<PrefillResult> Prefill(uint32_t slot, std::span<const int32_t> tokens, double deadline_ms);
+  // that its logits after the last token are ready. ttft_target_ms <= 0: the
+  // options' ttft_target_ms; the stream's deadline is the target less the
+  // expected evaluation of the uncached tail.
+  Result<PrefillResult> Prefill(uint32_t slot, std::span<const int32_t> tokens, double ttft_target_ms);
   // Waits until every queued background store has finished.
   void FlushStores();
+  // The KV slot `slot` holds now (after a Prefill: the prompt's).
+  Result<CapturedKV> Capture(uint32_t slot);
+  // Encodes and stores the whole chunks of `tokens` whose KV is `kv`, now
+  // (what the background worker does after a prefill); chunks already stored are skipped.
+  Result<PutStats> StoreContext(std::span<const int32_t> tokens, const KVView& kv);
 
   const ChunkKey& chain_root() const { return root_; }
   double recompute_tokens_per_s() const { return recompute_tokens_per_s_; }
+  // Time to evaluate one token (the last prompt token when the rest is
+  // cached): what a TTFT target must leave after the transfer.
+  double token_eval_ms() const { return token_eval_ms_; }
 
  private:
   LlamaCompletionEngine() = default;
   Status MeasurePrefillSpeed();
+  Status MeasureTokenEval();
   void EnqueueStore(std::vector<int32_t> tokens, CapturedKV captured);
   void StoreWorker();
 
@@ -97,6 +110,7 @@ class LlamaCompletionEngine final : public serve::CompletionEngine {
   ChunkKey root_;
   std::string model_name_;
   double recompute_tokens_per_s_ = 0;
+  double token_eval_ms_ = 0;
   std::atomic<double> last_bandwidth_bytes_s_{0};  // planner prior shared by the slots
 
   // Background encode+store of new chunks: one worker, a bounded queue (when

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <numeric>
 #include <thread>
 
 #include <llama.h>
@@ -170,7 +171,8 @@ Result<std::unique_ptr<LlamaContext>> LlamaContext::Create(std::shared_ptr<Llama
   const uint32_t hw = std::max(1u, std::thread::hardware_concurrency());
   const uint32_t auto_threads = model->info().params < 50'000'000 ? 1u : std::min(4u, hw);
   const int32_t threads = static_cast<int32_t>(options.threads ? options.threads : auto_threads);
-  cp.n_threads = cp.n_threads_batch = threads;
+  cp.n_threads = threads;
+  cp.n_threads_batch = options.threads_batch ? static_cast<int32_t>(options.threads_batch) : threads;
   cp.type_k = cp.type_v = type;
   cp.flash_attn_type = options.flash_attn < 0   ? LLAMA_FLASH_ATTN_TYPE_AUTO
                        : options.flash_attn == 0 ? LLAMA_FLASH_ATTN_TYPE_DISABLED
@@ -308,6 +310,30 @@ Status LlamaContext::Inject(int32_t seq, const KVView& kv, std::span<const int32
   layout.pos.assign(positions.begin(), positions.end());
   CG_ASSIGN_OR_RETURN(auto blob, engine::WriteLlamaSeqState(layout, kv));
   return SetStateBlob(seq, blob);
+}
+
+Status LlamaContext::Append(int32_t seq, int32_t scratch, const KVView& kv, int32_t pos0) {
+  if (!options_.unified) return Status::Unsupported("Append needs a unified KV cache (one stream)");
+  const auto n_seq = static_cast<int32_t>(options_.n_seq);
+  if (seq < 0 || seq >= n_seq || scratch < 0 || scratch >= n_seq || scratch == seq) {
+    return Status::InvalidArgument("Append: sequence " + std::to_string(seq) + " and scratch sequence " +
+                                   std::to_string(scratch) + " must be distinct and below " + std::to_string(n_seq));
+  }
+  llama_memory_t mem = llama_get_memory(ctx_);
+  const llama_pos last = llama_memory_seq_pos_max(mem, seq);  // -1: empty
+  if (pos0 != last + 1) {
+    return Status::InvalidArgument("Append at position " + std::to_string(pos0) + ", but sequence " +
+                                   std::to_string(seq) + " ends at " + std::to_string(last));
+  }
+  if (llama_memory_seq_pos_max(mem, scratch) >= 0) {
+    return Status::InvalidArgument("Append: scratch sequence " + std::to_string(scratch) + " is not empty");
+  }
+  std::vector<int32_t> pos(kv.shape().tokens);
+  std::iota(pos.begin(), pos.end(), pos0);
+  Status st = Inject(scratch, kv, pos);
+  if (st.ok()) llama_memory_seq_cp(mem, scratch, seq, -1, -1);
+  llama_memory_seq_rm(mem, scratch, -1, -1);
+  return st;
 }
 
 }  // namespace cachegen
