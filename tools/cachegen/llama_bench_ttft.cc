@@ -4,10 +4,11 @@
 //   f16       the raw f16 KV from the store (what llama.cpp's slot restore moves)
 //   q8        block-32 8-bit KV
 //   cachegen  the cachegen codec at its default rate, always the best level
-//   adaptive  cachegen with 4 levels and a deadline: levels picked per chunk
+//   adaptive  cachegen with 4 levels under a TTFT target: levels picked per chunk
 // The link is the chunk service's rate limit (a real HTTP service on
-// loopback); TTFT = lookup + transfer + decode + inject + prefill of the
-// uncached tail + sampling the first token.
+// loopback). TTFT = the Prefill call: lookup + transfer (decode and the
+// chunk-by-chunk injection overlap it) + evaluation of the uncached tail
+// (here the one new token), whose logits give the first token.
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
