@@ -383,6 +383,32 @@ constexpr auto kDecoders = MakeDecoders(std::make_index_sequence<kMaxLanes>());
 
 Status Corrupt(const std::string& what) { return Status::Corrupt("rANS stream: " + what); }
 
+// Encoder constants of one symbol. The division st / f is done as a multiply
+// by a 33-bit magic number: with s = ceil(log2 f) and m = ceil(2^(32+s) / f),
+// floor(st * m / 2^(32+s)) = floor(st / f) for every 32-bit st (Granlund and
+// Montgomery, "Division by invariant integers using multiplication", Thm 4.2).
+// The output is exactly that of the division.
+struct EncSymbol {
+  uint64_t magic = 0;
+  uint32_t shift = 0;
+  uint32_t cmpl_freq = 0;     // kProbScale - f
+  uint32_t cum = 0;
+  uint64_t renorm_bound = 0;  // st >= f << (32 - kProbBits) sheds 16 bits first (2^32, never, when f = 2^12)
+};
+
+EncSymbol MakeEncSymbol(uint32_t f, uint32_t cum) {
+  EncSymbol e;
+  if (f == 0) return e;  // never coded
+  uint32_t s = 0;
+  while ((1u << s) < f) ++s;
+  e.shift = 32 + s;
+  e.magic = static_cast<uint64_t>(((static_cast<unsigned __int128>(1) << e.shift) + f - 1) / f);
+  e.cmpl_freq = kProbScale - f;
+  e.cum = cum;
+  e.renorm_bound = uint64_t{f} << (32 - kProbBits);
+  return e;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -434,22 +460,25 @@ size_t EncodeStream(std::span<const uint32_t> symbols, ByteWriter& out, const En
     }
   }
 
-  std::array<uint32_t, kMaxAlphabet> cum{};
-  for (uint32_t v = 1; v <= e; ++v) cum[v] = cum[v - 1] + p.freq[v - 1];
+  std::array<EncSymbol, kMaxAlphabet> enc;
+  for (uint32_t v = 0, cum = 0; v <= e; cum += p.freq[v], ++v) enc[v] = MakeEncSymbol(p.freq[v], cum);
 
   std::vector<uint16_t> words;
   words.reserve(n / 4 + 2 * lanes + 16);
   uint32_t x[kMaxLanes];
   for (uint32_t j = 0; j < lanes; ++j) x[j] = kL;
-  for (size_t i = n; i-- > 0;) {
-    uint32_t& st = x[i % lanes];
-    const uint32_t sym = syms[i];
-    const uint32_t f = p.freq[sym];
-    if (uint64_t{st} >= (uint64_t{f} << (32 - kProbBits))) {
+  // Symbol i goes to lane i % lanes; the lane index is counted down, not divided.
+  uint32_t lane = static_cast<uint32_t>((n - 1) % lanes);
+  for (size_t i = n; i-- > 0; lane = lane == 0 ? lanes - 1 : lane - 1) {
+    uint32_t& st = x[lane];
+    const EncSymbol& es = enc[syms[i]];
+    if (st >= es.renorm_bound) {
       words.push_back(static_cast<uint16_t>(st));
       st >>= 16;
     }
-    st = ((st / f) << kProbBits) + (st % f) + cum[sym];
+    // st' = (st / f) * 2^12 + st % f + cum  =  st + q * (2^12 - f) + cum.
+    const uint32_t q = static_cast<uint32_t>((static_cast<unsigned __int128>(st) * es.magic) >> es.shift);
+    st += q * es.cmpl_freq + es.cum;
   }
   for (uint32_t j = lanes; j-- > 0;) {
     words.push_back(static_cast<uint16_t>(x[j] >> 16));

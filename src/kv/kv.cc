@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 
+#include "common/convert.h"
 #include "common/half.h"
 
 namespace cachegen {
@@ -108,8 +109,8 @@ void KVView::ReadRow(uint32_t layer, KV kv, uint32_t token, float* out) const {
   for (uint32_t h = 0; h < H; ++h) {
     const auto* p = static_cast<const uint8_t*>(Pointer(layer, kv, token, h, 0));
     float* o = out + size_t{h} * D;
-    if (strides_.dim == 1 && dtype_ == DType::kF32) {
-      std::memcpy(o, p, size_t{D} * 4);
+    if (strides_.dim == 1) {
+      LoadRow(dtype_, p, D, o);
     } else {
       const int64_t step = strides_.dim * static_cast<int64_t>(esize);
       for (uint32_t d = 0; d < D; ++d) o[d] = LoadAs(p + step * d, dtype_);
@@ -123,8 +124,8 @@ void KVView::WriteRow(uint32_t layer, KV kv, uint32_t token, const float* in) co
   for (uint32_t h = 0; h < H; ++h) {
     auto* p = static_cast<uint8_t*>(Pointer(layer, kv, token, h, 0));
     const float* src = in + size_t{h} * D;
-    if (strides_.dim == 1 && dtype_ == DType::kF32) {
-      std::memcpy(p, src, size_t{D} * 4);
+    if (strides_.dim == 1) {
+      StoreRow(dtype_, src, D, p);
     } else {
       const int64_t step = strides_.dim * static_cast<int64_t>(esize);
       for (uint32_t d = 0; d < D; ++d) StoreAs(p + step * d, dtype_, src[d]);

@@ -1,5 +1,5 @@
-// StoreRow: the AVX2/F16C conversions equal half.h's scalar ones bit for bit,
-// and both paths write exactly n elements at any byte alignment.
+// StoreRow / LoadRow: the AVX2/F16C conversions equal half.h's scalar ones
+// bit for bit, and both paths touch exactly n elements at any byte alignment.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -45,6 +45,31 @@ TEST(ConvertTest, SimdMatchesScalarBitForBit) {
                                     << std::bit_cast<uint32_t>(in[i / es]);
     EXPECT_EQ(got[(in.size() - 3) * es + 1], 0) << "wrote past n";
   }
+}
+
+// All 2^16 f16/bf16 bit patterns (NaN payloads, signalling NaNs, subnormals),
+// read from an odd byte address with a scalar tail.
+TEST(ConvertTest, LoadRowMatchesScalarOnEveryPattern) {
+  std::vector<uint8_t> in(2 * 65536 + 1);
+  for (uint32_t x = 0; x < 65536; ++x) {
+    const uint16_t h = static_cast<uint16_t>(x);
+    std::memcpy(&in[1 + 2 * x], &h, 2);
+  }
+  for (DType dt : {DType::kF16, DType::kBF16}) {
+    for (bool simd_on : {false, true}) {
+      simd::SetEnabled(simd_on);
+      std::vector<float> got(65536, 0.0f);
+      const size_t n = 65536 - 5;
+      LoadRow(dt, in.data() + 1, n, got.data());
+      for (uint32_t x = 0; x < n; ++x) {
+        const float want = dt == DType::kF16 ? F16ToF32(static_cast<uint16_t>(x)) : BF16ToF32(static_cast<uint16_t>(x));
+        ASSERT_EQ(std::bit_cast<uint32_t>(got[x]), std::bit_cast<uint32_t>(want))
+            << DTypeName(dt) << " simd=" << simd_on << " pattern 0x" << std::hex << x;
+      }
+      EXPECT_EQ(got[n], 0.0f) << "wrote past n";
+    }
+  }
+  simd::SetEnabled(true);
 }
 
 }  // namespace
