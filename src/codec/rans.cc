@@ -9,8 +9,10 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -463,8 +465,13 @@ size_t EncodeStream(std::span<const uint32_t> symbols, ByteWriter& out, const En
   std::array<EncSymbol, kMaxAlphabet> enc;
   for (uint32_t v = 0, cum = 0; v <= e; cum += p.freq[v], ++v) enc[v] = MakeEncSymbol(p.freq[v], cum);
 
-  std::vector<uint16_t> words;
-  words.reserve(n / 4 + 2 * lanes + 16);
+  // Words are produced last to first; they are written from the end of a
+  // buffer that fits the most a stream can emit (one per symbol plus the
+  // final states), so the payload needs no reversal. Not value-initialised:
+  // only [pos, cap) is read.
+  const size_t cap = n + 2 * size_t{lanes};
+  std::unique_ptr<uint16_t[]> words(new uint16_t[cap]);
+  size_t pos = cap;
   uint32_t x[kMaxLanes];
   for (uint32_t j = 0; j < lanes; ++j) x[j] = kL;
   // Symbol i goes to lane i % lanes; the lane index is counted down, not divided.
@@ -473,7 +480,7 @@ size_t EncodeStream(std::span<const uint32_t> symbols, ByteWriter& out, const En
     uint32_t& st = x[lane];
     const EncSymbol& es = enc[syms[i]];
     if (st >= es.renorm_bound) {
-      words.push_back(static_cast<uint16_t>(st));
+      words[--pos] = static_cast<uint16_t>(st);
       st >>= 16;
     }
     // st' = (st / f) * 2^12 + st % f + cum  =  st + q * (2^12 - f) + cum.
@@ -481,20 +488,21 @@ size_t EncodeStream(std::span<const uint32_t> symbols, ByteWriter& out, const En
     st += q * es.cmpl_freq + es.cum;
   }
   for (uint32_t j = lanes; j-- > 0;) {
-    words.push_back(static_cast<uint16_t>(x[j] >> 16));
-    words.push_back(static_cast<uint16_t>(x[j]));
+    words[--pos] = static_cast<uint16_t>(x[j] >> 16);
+    words[--pos] = static_cast<uint16_t>(x[j]);
   }
-  std::reverse(words.begin(), words.end());
+  const size_t nwords = cap - pos;
 
   out.U8(kModeRans);
   out.U8(static_cast<uint8_t>(e));
   for (uint32_t v = 0; v <= e; ++v) out.Varint(p.freq[v]);
   out.U8(static_cast<uint8_t>(lanes));
   out.Varint(esc.size());
-  out.Varint(words.size() * 2);
+  out.Varint(nwords * 2);
   const size_t header = out.size() - start;
   out.Bytes(esc);
-  for (uint16_t w : words) out.U16(w);
+  static_assert(std::endian::native == std::endian::little, "the payload is copied as little-endian words");
+  out.Bytes({reinterpret_cast<const uint8_t*>(words.get() + pos), nwords * 2});
   return header;
 }
 

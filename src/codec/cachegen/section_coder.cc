@@ -46,7 +46,8 @@ inline int32_t UnZigZag(uint32_t u) { return static_cast<int32_t>(u >> 1) ^ -sta
 // Rounds half away from zero. Only the encoder rounds, so the rounding rule is
 // not part of the format; this form vectorizes, nearbyint does not.
 inline int32_t QuantizeValue(float r, float inv_step) {
-  const float v = std::clamp(r * inv_step, -float(kMaxAbsSymbol), float(kMaxAbsSymbol));
+  // min/max rather than std::clamp: same values for finite input, and branch-free.
+  const float v = std::min(std::max(r * inv_step, -float(kMaxAbsSymbol)), float(kMaxAbsSymbol));
   return static_cast<int32_t>(v + std::copysign(0.5f, v));
 }
 
@@ -112,14 +113,18 @@ SectionAnalysis::SectionAnalysis(const SectionLayout& layout, std::span<const fl
   side_info_bytes_ = SideInfoBytes(mean_code_, C);
 }
 
-// Calls visit(head, is_delta_stream, symbol, original, reconstructed) for every
-// quantized value, in stream order (token groups, tokens, channels).
-template <typename Visit>
+// Calls visit(is_delta, sym, x, rec) once per quantized token row, in stream
+// order (token groups, then tokens): sym holds the row's C zigzagged symbols,
+// x the original (rotated) row and rec its reconstruction (nullptr unless
+// kNeedRec). The per-row loops make no calls, so the compiler vectorizes them.
+template <bool kNeedRec, typename Visit>
 void SectionAnalysis::Quantize(float step, bool use_delta, uint32_t sample_every, Visit&& visit) const {
   const SectionLayout& l = layout_;
-  const uint32_t C = l.channels(), D = l.head_dim, tq = l.quantized_tokens();
+  const uint32_t C = l.channels(), tq = l.quantized_tokens();
   const uint32_t G = use_delta ? l.group_tokens : 1;
-  std::vector<float> anchor(C), st(C), inv(C);
+  std::vector<float> anchor(C), st(C), inv(C), rec(kNeedRec ? C : 0);
+  std::vector<int32_t> q(C);
+  std::vector<uint32_t> sym(C);
   float st_for = -1;
   for (uint32_t g0 = 0, gi = 0; g0 < tq; g0 += G, ++gi) {
     if (sample_every > 1 && gi % sample_every != 0) continue;
@@ -135,22 +140,25 @@ void SectionAnalysis::Quantize(float step, bool use_delta, uint32_t sample_every
       const float* row = &y_[size_t{t} * C];
       const bool is_delta = t != g0;
       const float* pred = is_delta ? anchor.data() : mean_.data();
-      for (uint32_t h = 0, c = 0; h < l.kv_heads; ++h)
-        for (uint32_t d = 0; d < D; ++d, ++c) {
-          const int32_t q = QuantizeValue(row[c] - pred[c], inv[c]);
-          const float rec = pred[c] + static_cast<float>(q) * st[c];
-          if (!is_delta) anchor[c] = rec;
-          visit(h, is_delta, ZigZag(q), row[c], rec);
-        }
+      for (uint32_t c = 0; c < C; ++c) q[c] = QuantizeValue(row[c] - pred[c], inv[c]);
+      for (uint32_t c = 0; c < C; ++c) sym[c] = ZigZag(q[c]);
+      // An anchor's reconstruction is the prediction of its group's deltas.
+      float* out = !is_delta ? anchor.data() : kNeedRec ? rec.data() : nullptr;
+      if (out)
+        for (uint32_t c = 0; c < C; ++c) out[c] = pred[c] + static_cast<float>(q[c]) * st[c];
+      visit(is_delta, sym.data(), row, kNeedRec ? out : nullptr);
     }
   }
 }
 
 double SectionAnalysis::EstimateBytes(float step, bool use_delta, uint32_t sample_every) const {
-  const uint32_t H = layout_.kv_heads;
+  const uint32_t H = layout_.kv_heads, D = layout_.head_dim;
   std::vector<uint64_t> hist(size_t{H} * 2 * kEstimateBins, 0);
-  Quantize(step, use_delta, sample_every, [&](uint32_t h, bool is_delta, uint32_t u, float, float) {
-    ++hist[(size_t{h} * 2 + is_delta) * kEstimateBins + std::min<size_t>(u, kEstimateBins - 1)];
+  Quantize<false>(step, use_delta, sample_every, [&](bool is_delta, const uint32_t* sym, const float*, const float*) {
+    for (uint32_t h = 0, c = 0; h < H; ++h) {
+      uint64_t* hh = &hist[(size_t{h} * 2 + is_delta) * kEstimateBins];
+      for (uint32_t d = 0; d < D; ++d, ++c) ++hh[std::min<size_t>(sym[c], kEstimateBins - 1)];
+    }
   });
   double stream_bytes = 0;
   for (uint32_t s = 0; s < H * 2; ++s) {
@@ -171,11 +179,12 @@ bool SectionAnalysis::PreferDelta(float step, uint32_t sample_every) const {
 }
 
 double SectionAnalysis::MeasureMse(float step, bool use_delta) const {
+  const uint32_t C = layout_.channels();
   double err = 0;
   size_t n = 0;
-  Quantize(step, use_delta, 1, [&](uint32_t, bool, uint32_t, float x, float rec) {
-    err += double(x - rec) * (x - rec);
-    ++n;
+  Quantize<true>(step, use_delta, 1, [&](bool, const uint32_t*, const float* x, const float* rec) {
+    for (uint32_t c = 0; c < C; ++c) err += double(x[c] - rec[c]) * (x[c] - rec[c]);
+    n += C;
   });
   for (float v : exact_) {
     const double e = v - RoundToF16(v);
@@ -193,8 +202,12 @@ void SectionAnalysis::Encode(float step, bool use_delta, std::vector<uint8_t>* o
     streams[2 * h].reserve(size_t{counts.anchors} * layout_.head_dim);
     streams[2 * h + 1].reserve(size_t{counts.deltas} * layout_.head_dim);
   }
-  Quantize(step, use_delta, 1, [&](uint32_t h, bool is_delta, uint32_t u, float, float) {
-    streams[2 * h + is_delta].push_back(u);
+  const uint32_t D = layout_.head_dim;
+  Quantize<false>(step, use_delta, 1, [&](bool is_delta, const uint32_t* sym, const float*, const float*) {
+    for (uint32_t h = 0; h < H; ++h) {
+      std::vector<uint32_t>& stream = streams[2 * h + is_delta];
+      stream.insert(stream.end(), sym + size_t{h} * D, sym + size_t{h + 1} * D);
+    }
   });
 
   ByteWriter w(out);

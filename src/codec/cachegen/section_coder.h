@@ -54,7 +54,7 @@ class SectionAnalysis {
   void Encode(float step, bool use_delta, std::vector<uint8_t>* out, uint32_t* side_bytes) const;
 
  private:
-  template <typename Visit>
+  template <bool kNeedRec, typename Visit>
   void Quantize(float step, bool use_delta, uint32_t sample_every, Visit&& visit) const;
 
   SectionLayout layout_;
