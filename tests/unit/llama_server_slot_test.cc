@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "redis_fixture.h"  // Spawn, FreePort: plain process and port helpers
 #include "shared_data.h"
@@ -128,12 +129,15 @@ TEST_F(LlamaServerSlotTest, CompressedSlotRestoresThroughSlotsApiAndGeneratesThe
   const std::string orig = Bytes(dir_ / "orig.bin");
   ASSERT_FALSE(orig.empty());
 
-  for (const char* codec : {"fp16", "cachegen"}) {
+  // fp16: lossless. cachegen at 8 bits per value: the same 24 tokens on
+  // stories260K (at the default rate this tiny model's generation diverges
+  // from the first token: docs/SERVING.md).
+  for (const auto& [codec, rate] : {std::pair<const char*, const char*>{"fp16", ""}, {"cachegen", " --bits 8"}}) {
     SCOPED_TRACE(codec);
     const fs::path cg = dir_ / (std::string(codec) + ".cgslot");
     const std::string back = std::string("back-") + codec + ".bin";
     ASSERT_EQ(RunCommand(cli_ + " slot compress " + (dir_ / "orig.bin").string() + " -o " + cg.string() + " --codec " +
-                  codec + " --kv-heads 4"),
+                  codec + rate + " --kv-heads 4"),
               0);
     ASSERT_EQ(RunCommand(cli_ + " slot restore " + cg.string() + " -o " + (dir_ / back).string()), 0);
     if (std::string(codec) == "fp16") {
