@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -43,6 +44,8 @@ struct RopeConfig {
   double freq_scale = 1.0;     // stored as f32
 };
 
+class Profile;  // cachegen/profile.h
+
 struct CodecConfig {
   std::string codec = "cachegen";
 
@@ -73,6 +76,11 @@ struct CodecConfig {
   // llama.cpp paths (eval, llama-serve, slot compress with --model) turn it on
   // from the GGUF: it measured 3-10x lower ΔPPL at equal bits (docs/EVAL.md).
   RopeConfig rope;
+  // A model profile (cachegen/profile.h): frames reference it by id instead of
+  // carrying channel statistics and frequency tables. Its rope and rotate
+  // settings must equal this config's. Decoding needs it registered
+  // (RegisterProfile).
+  std::shared_ptr<const Profile> profile;
   uint32_t recent_tokens = 0;  // most recent W tokens of the context at higher precision
   double recent_step_scale = 0.5;  // their step multiplier; 0 = exact f16
 

@@ -411,6 +411,77 @@ EncSymbol MakeEncSymbol(uint32_t f, uint32_t cum) {
   return e;
 }
 
+// Writes the rANS body of n >= 1 symbols: mode 2 with its table inline, or
+// mode 3 whose table the decoder knows. Returns the header bytes (mode byte on).
+size_t WriteRans(std::span<const uint32_t> symbols, uint32_t e, const std::array<uint32_t, kMaxAlphabet>& freq,
+                 uint32_t lanes, uint64_t escape_bytes, bool inline_table, ByteWriter& out) {
+  const size_t n = symbols.size();
+  const size_t start = out.size();
+  // Symbols and the escape area (forward order).
+  std::vector<uint8_t> syms(n);
+  std::vector<uint8_t> esc;
+  esc.reserve(escape_bytes);
+  {
+    ByteWriter ew(&esc);
+    for (size_t i = 0; i < n; ++i) {
+      const uint32_t v = symbols[i];
+      if (v < e) {
+        syms[i] = static_cast<uint8_t>(v);
+      } else {
+        syms[i] = static_cast<uint8_t>(e);
+        ew.Varint(v - e);
+      }
+    }
+  }
+
+  std::array<EncSymbol, kMaxAlphabet> enc;
+  for (uint32_t v = 0, cum = 0; v <= e; cum += freq[v], ++v) enc[v] = MakeEncSymbol(freq[v], cum);
+
+  // Words are produced last to first; they are written from the end of a
+  // buffer that fits the most a stream can emit (one per symbol plus the
+  // final states), so the payload needs no reversal. Not value-initialised:
+  // only [pos, cap) is read.
+  const size_t cap = n + 2 * size_t{lanes};
+  std::unique_ptr<uint16_t[]> words(new uint16_t[cap]);
+  size_t pos = cap;
+  uint32_t x[kMaxLanes];
+  for (uint32_t j = 0; j < lanes; ++j) x[j] = kL;
+  // Symbol i goes to lane i % lanes; the lane index is counted down, not divided.
+  uint32_t lane = static_cast<uint32_t>((n - 1) % lanes);
+  for (size_t i = n; i-- > 0; lane = lane == 0 ? lanes - 1 : lane - 1) {
+    uint32_t& st = x[lane];
+    const EncSymbol& es = enc[syms[i]];
+    if (st >= es.renorm_bound) {
+      words[--pos] = static_cast<uint16_t>(st);
+      st >>= 16;
+    }
+    // st' = (st / f) * 2^12 + st % f + cum  =  st + q * (2^12 - f) + cum.
+    const uint32_t q = static_cast<uint32_t>((static_cast<unsigned __int128>(st) * es.magic) >> es.shift);
+    st += q * es.cmpl_freq + es.cum;
+  }
+  for (uint32_t j = lanes; j-- > 0;) {
+    words[--pos] = static_cast<uint16_t>(x[j] >> 16);
+    words[--pos] = static_cast<uint16_t>(x[j]);
+  }
+  const size_t nwords = cap - pos;
+
+  if (inline_table) {
+    out.U8(kModeRans);
+    out.U8(static_cast<uint8_t>(e));
+    for (uint32_t v = 0; v <= e; ++v) out.Varint(freq[v]);
+  } else {
+    out.U8(kModeTable);
+  }
+  out.U8(static_cast<uint8_t>(lanes));
+  out.Varint(esc.size());
+  out.Varint(nwords * 2);
+  const size_t header = out.size() - start;  // from the mode byte
+  out.Bytes(esc);
+  static_assert(std::endian::native == std::endian::little, "the payload is copied as little-endian words");
+  out.Bytes({reinterpret_cast<const uint8_t*>(words.get() + pos), nwords * 2});
+  return header;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -442,68 +513,8 @@ size_t EncodeStream(std::span<const uint32_t> symbols, ByteWriter& out, const En
   }
   s.max_value = hi;
   const Plan p = MakePlan(s, options.lanes);
-  const uint32_t e = p.escape;
-  const uint32_t lanes = p.lanes;
 
-  // Symbols and the escape area (forward order).
-  std::vector<uint8_t> syms(n);
-  std::vector<uint8_t> esc;
-  esc.reserve(p.escape_bytes);
-  {
-    ByteWriter ew(&esc);
-    for (size_t i = 0; i < n; ++i) {
-      const uint32_t v = symbols[i];
-      if (v < e) {
-        syms[i] = static_cast<uint8_t>(v);
-      } else {
-        syms[i] = static_cast<uint8_t>(e);
-        ew.Varint(v - e);
-      }
-    }
-  }
-
-  std::array<EncSymbol, kMaxAlphabet> enc;
-  for (uint32_t v = 0, cum = 0; v <= e; cum += p.freq[v], ++v) enc[v] = MakeEncSymbol(p.freq[v], cum);
-
-  // Words are produced last to first; they are written from the end of a
-  // buffer that fits the most a stream can emit (one per symbol plus the
-  // final states), so the payload needs no reversal. Not value-initialised:
-  // only [pos, cap) is read.
-  const size_t cap = n + 2 * size_t{lanes};
-  std::unique_ptr<uint16_t[]> words(new uint16_t[cap]);
-  size_t pos = cap;
-  uint32_t x[kMaxLanes];
-  for (uint32_t j = 0; j < lanes; ++j) x[j] = kL;
-  // Symbol i goes to lane i % lanes; the lane index is counted down, not divided.
-  uint32_t lane = static_cast<uint32_t>((n - 1) % lanes);
-  for (size_t i = n; i-- > 0; lane = lane == 0 ? lanes - 1 : lane - 1) {
-    uint32_t& st = x[lane];
-    const EncSymbol& es = enc[syms[i]];
-    if (st >= es.renorm_bound) {
-      words[--pos] = static_cast<uint16_t>(st);
-      st >>= 16;
-    }
-    // st' = (st / f) * 2^12 + st % f + cum  =  st + q * (2^12 - f) + cum.
-    const uint32_t q = static_cast<uint32_t>((static_cast<unsigned __int128>(st) * es.magic) >> es.shift);
-    st += q * es.cmpl_freq + es.cum;
-  }
-  for (uint32_t j = lanes; j-- > 0;) {
-    words[--pos] = static_cast<uint16_t>(x[j] >> 16);
-    words[--pos] = static_cast<uint16_t>(x[j]);
-  }
-  const size_t nwords = cap - pos;
-
-  out.U8(kModeRans);
-  out.U8(static_cast<uint8_t>(e));
-  for (uint32_t v = 0; v <= e; ++v) out.Varint(p.freq[v]);
-  out.U8(static_cast<uint8_t>(lanes));
-  out.Varint(esc.size());
-  out.Varint(nwords * 2);
-  const size_t header = out.size() - start;
-  out.Bytes(esc);
-  static_assert(std::endian::native == std::endian::little, "the payload is copied as little-endian words");
-  out.Bytes({reinterpret_cast<const uint8_t*>(words.get() + pos), nwords * 2});
-  return header;
+  return WriteRans(symbols, p.escape, p.freq, p.lanes, p.escape_bytes, /*inline_table=*/true, out);
 }
 
 uint64_t EstimateStreamBytes(std::span<const uint64_t> histogram, const EncodeOptions& options) {
@@ -535,6 +546,66 @@ uint64_t EstimateStreamBytes(std::span<const uint64_t> histogram, const EncodeOp
   // average about 3 bytes per lane beyond the information they carry).
   const uint64_t payload = 2 * static_cast<uint64_t>(std::ceil(bits / 16.0)) + 3 * p.lanes;
   return 1 + TableBytes(p) + 1 + VarintLen(p.escape_bytes) + VarintLen(payload) + p.escape_bytes + payload;
+}
+
+FreqTable MakeFreqTable(std::span<const uint64_t> histogram) {
+  size_t top = 0;
+  for (size_t v = 0; v < histogram.size(); ++v)
+    if (histogram[v]) top = v;
+  FreqTable t;
+  t.escape = static_cast<uint32_t>(std::clamp<size_t>(top + 1, kMinEscape, kMaxEscape));
+  // Counts plus one for every symbol (values >= E on the escape symbol), so
+  // that symbols unseen in training still code.
+  std::array<uint64_t, kMaxAlphabet> count{};
+  uint64_t n = 0;
+  for (uint32_t v = 0; v <= t.escape; ++v) count[v] = 1;
+  for (size_t v = 0; v < histogram.size(); ++v) count[std::min<size_t>(v, t.escape)] += histogram[v];
+  for (uint32_t v = 0; v <= t.escape; ++v) n += count[v];
+  Normalize(count.data(), t.escape + 1, n, t.freq.data());
+  return t;
+}
+
+size_t EncodeStreamWithTable(std::span<const uint32_t> symbols, const FreqTable& table, ByteWriter& out,
+                             const EncodeOptions& options) {
+  const size_t n = symbols.size();
+  const size_t start = out.size();
+  if (n == 0) {
+    out.U8(kModeEmpty);
+    return 1;
+  }
+  uint64_t escape_bytes = 0;
+  bool constant = true;
+  for (uint32_t v : symbols) {
+    constant = constant && v == symbols[0];
+    if (v >= table.escape) escape_bytes += VarintLen(v - table.escape);
+  }
+  if (constant) {
+    out.U8(kModeConstant);
+    out.Varint(symbols[0]);
+    return out.size() - start;
+  }
+  const uint32_t lanes = static_cast<uint32_t>(std::min<uint64_t>(std::clamp<uint32_t>(options.lanes, 1, kMaxLanes), n));
+  return WriteRans(symbols, table.escape, table.freq, lanes, escape_bytes, /*inline_table=*/false, out);
+}
+
+uint64_t EstimateStreamBytesWithTable(std::span<const uint64_t> histogram, const FreqTable& table,
+                                      const EncodeOptions& options) {
+  uint64_t n = 0, distinct = 0, first = 0, escape_bytes = 0;
+  double bits = 0;
+  for (size_t v = 0; v < histogram.size(); ++v) {
+    const uint64_t c = histogram[v];
+    if (c == 0) continue;
+    if (distinct++ == 0) first = v;
+    n += c;
+    const uint32_t sym = static_cast<uint32_t>(std::min<size_t>(v, table.escape));
+    if (v >= table.escape) escape_bytes += c * VarintLen(v - table.escape);
+    bits += static_cast<double>(c) * (static_cast<double>(kProbBits) - std::log2(static_cast<double>(table.freq[sym])));
+  }
+  if (n == 0) return 1;
+  if (distinct == 1) return 1 + VarintLen(first);
+  const uint64_t lanes = std::min<uint64_t>(std::clamp<uint32_t>(options.lanes, 1, kMaxLanes), n);
+  const uint64_t payload = 2 * static_cast<uint64_t>(std::ceil(bits / 16.0)) + 3 * lanes;
+  return 1 + 1 + VarintLen(escape_bytes) + VarintLen(payload) + escape_bytes + payload;
 }
 
 namespace {

@@ -11,6 +11,7 @@
 // table, escape threshold, lane count, payload length, escape bytes, payload.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -39,6 +40,29 @@ size_t EncodeStream(std::span<const uint32_t> symbols, ByteWriter& out, const En
 // allowed), computed without encoding: used by rate control. Exact to within
 // the rANS flush bytes (a few bytes per lane).
 uint64_t EstimateStreamBytes(std::span<const uint64_t> histogram, const EncodeOptions& options = {});
+
+// A frequency table known to both sides (a model profile's, FORMAT.md
+// ".cgprof"): escape threshold E in [2, 255] and freq[0..E], each >= 1 (so any
+// value can be coded), summing to kProbScale.
+struct FreqTable {
+  uint32_t escape = 0;
+  std::array<uint32_t, kMaxAlphabet> freq{};
+};
+// Builds such a table from value counts (values >= E share the escape symbol),
+// E = min(255, max(2, largest value with a count + 1)); every symbol gets at
+// least 1.
+FreqTable MakeFreqTable(std::span<const uint64_t> histogram);
+// Appends a stream in table form (FORMAT.md, mode 3 "profile table"): like
+// EncodeStream but the frequency table is not written; empty and constant
+// streams keep modes 0 and 1. Returns the header bytes written.
+size_t EncodeStreamWithTable(std::span<const uint32_t> symbols, const FreqTable& table, ByteWriter& out,
+                             const EncodeOptions& options = {});
+// Bytes EncodeStreamWithTable would append for this histogram (same accuracy
+// as EstimateStreamBytes).
+uint64_t EstimateStreamBytesWithTable(std::span<const uint64_t> histogram, const FreqTable& table,
+                                      const EncodeOptions& options = {});
+// Mode byte of a table-form stream.
+constexpr uint8_t kModeTable = 3;
 
 // Reads one stream of exactly out.size() symbols from in. Untrusted input:
 // any malformed table, payload or escape data is a kCorrupt Status.

@@ -8,6 +8,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cachegen/profile.h"
 #include "kv/io.h"
 #include "kv/synthetic.h"
 
@@ -41,6 +42,16 @@ void AddRopeOptions(CLI::App* app, RopeArgs* a, bool model_flag) {
     app->add_option("--model", a->model, "GGUF model whose RoPE parameters are used (RoPE handling on)");
     app->add_flag("--no-rope", a->off, "Code keys as they are (post-RoPE) even with --model");
   }
+}
+
+Result<std::shared_ptr<const Profile>> LoadProfileFile(const std::string& path) {
+  CG_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadFileBytes(path));
+  auto p = Profile::Parse(bytes);
+  if (!p.ok()) return p.status().code() == StatusCode::kUnsupported
+                         ? Status::Unsupported("'" + path + "': " + p.status().message())
+                         : Status::Corrupt("'" + path + "': " + p.status().message());
+  RegisterProfile(*p);
+  return p;
 }
 
 Result<RopeConfig> ResolveRope(const RopeArgs& a) {

@@ -27,6 +27,9 @@ struct RopeArgs {
   bool off = false;   // --no-rope
 };
 void AddRopeOptions(CLI::App* app, RopeArgs* args, bool model_flag);
+
+// Reads a .cgprof, validates it and registers it for decoding (RegisterProfile).
+Result<std::shared_ptr<const Profile>> LoadProfileFile(const std::string& path);
 // The codec's RoPE setting: explicit --rope wins, then the --model's GGUF
 // (RoPE on when the model has normal/NeoX RoPE, unless --no-rope), else none.
 Result<RopeConfig> ResolveRope(const RopeArgs& args);

@@ -40,7 +40,7 @@ struct EvalArgs {
   std::string cache_type = "f16";
   int flash_attn = -1;
   bool json = false, quiet = false, rope = true;
-  std::string plot;
+  std::string plot, profile;
   CodecConfig tuning;
 };
 
@@ -138,6 +138,11 @@ int RunEval(EvalArgs a) {
   o.threads = a.threads;
   o.codec = a.tuning;
   o.rope = a.rope;
+  if (!a.profile.empty()) {
+    auto p = LoadProfileFile(a.profile);
+    if (!p.ok()) return Fail(p.status());
+    o.codec.profile = *p;
+  }
   if (!a.quiet) o.progress = [](const std::string& m) { std::fprintf(stderr, "cachegen eval: %s\n", m.c_str()); };
   auto rep = engine::RunEval(o);
   if (!random_model.empty()) std::filesystem::remove(random_model);
@@ -232,6 +237,7 @@ const bool kRegistered = RegisterCommand(50, [](CLI::App& root) -> CommandRunner
   sub->add_option("--recent-tokens", a->tuning.recent_tokens, "cachegen: most recent W tokens at finer precision");
   sub->add_option("--recent-step-scale", a->tuning.recent_step_scale, "cachegen: their step multiplier")
       ->check(CLI::Range(0.0, 1.0));
+  sub->add_option("--profile", a->profile, "cachegen: encode with this model profile (.cgprof)");
   sub->add_flag("--json", a->json, "Print one JSON object");
   sub->add_option("--plot", a->plot, "Write the bits/value vs ΔPPL curves as a PNG (gnuplot)");
   sub->add_flag("-q,--quiet", a->quiet, "No progress on stderr");

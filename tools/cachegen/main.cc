@@ -38,6 +38,7 @@ struct EncodeArgs {
   // cachegen codec tuning (CodecConfig defaults unless given)
   CodecConfig tuning;
   RopeArgs rope;
+  std::string profile;
 };
 
 int RunEncode(const EncodeArgs& a) {
@@ -47,6 +48,11 @@ int RunEncode(const EncodeArgs& a) {
   Result<RopeConfig> rope = ResolveRope(a.rope);
   if (!rope.ok()) return Fail(rope.status());
   cfg.rope = *rope;
+  if (!a.profile.empty()) {
+    auto p = LoadProfileFile(a.profile);
+    if (!p.ok()) return Fail(p.status());
+    cfg.profile = *p;
+  }
   cfg.codec = a.codec;
   cfg.bits_per_value = a.bits;
   cfg.snr_db = a.snr_db;
@@ -82,11 +88,15 @@ int RunEncode(const EncodeArgs& a) {
 }
 
 struct DecodeArgs {
-  std::string input, output, dtype;
+  std::string input, output, dtype, profile;
   uint32_t level = 0, threads = 0;
 };
 
 int RunDecode(const DecodeArgs& a) {
+  if (!a.profile.empty()) {
+    auto p = LoadProfileFile(a.profile);
+    if (!p.ok()) return Fail(p.status());
+  }
   Result<std::vector<uint8_t>> bytes = ReadFileBytes(a.input);
   if (!bytes.ok()) return Fail(bytes.status());
   Result<Decoder> dec = Decoder::Open(*bytes);
@@ -215,6 +225,9 @@ int Main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
   AddRopeOptions(enc, &ea.rope, /*model_flag=*/true);
+  enc->add_option("--profile", ea.profile,
+                  "cachegen: model profile (.cgprof, `cachegen profile train`); frames reference it instead of "
+                  "carrying statistics and tables (same --rope/--rotate as it was trained with)");
 
   DecodeArgs da;
   CLI::App* dec = app.add_subcommand("decode", "Decode a .cgkv container into a KV file");
@@ -223,6 +236,7 @@ int Main(int argc, char** argv) {
   dec->add_option("--level", da.level, "Quality level to decode (0 = best)")->capture_default_str();
   dec->add_option("--dtype", da.dtype, "Output dtype f32|f16|bf16 (default: the source dtype)");
   dec->add_option("--threads", da.threads, "Worker threads (0 = all cores)")->capture_default_str();
+  dec->add_option("--profile", da.profile, "Model profile the frames reference (.cgprof)");
 
   std::string inspect_path;
   bool inspect_json = false;

@@ -3,9 +3,12 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <cstdio>
 #include <optional>
 
+#include "cachegen/profile.h"
 #include "codec/cachegen/hadamard.h"
+#include "codec/cachegen/profile_data.h"
 #include "codec/cachegen/rope.h"
 #include "codec/cachegen/section_coder.h"
 #include "codec/codec.h"
@@ -22,11 +25,12 @@ constexpr uint8_t kParamsVersion1 = 1;
 constexpr uint8_t kParamsVersion2 = 2;
 constexpr uint8_t kFlagRotate = 1;
 constexpr uint8_t kFlagRope = 2;
+constexpr uint8_t kFlagProfile = 4;
 // Default prediction group, measured at 2 bits/value on synthetic KV
 // (8x8x128, 512 tokens): G = 1, 2, 4, 8, 16, 32 gave K SNR 10.4, 11.3, 11.1,
 // 10.4, 9.8, 10.6 dB. The per-section delta/no-delta choice keeps it safe on
 // data without token correlation. To be re-measured on real models.
-constexpr uint32_t kDefaultGroupTokens = 2;
+constexpr uint32_t kDefaultGroupTokens = kCacheGenDefaultGroupTokens;
 // Each quality level below the first targets this fraction of the previous
 // level's bits (bits mode), 6 dB less (SNR mode) or twice the error (max-error mode).
 constexpr double kLevelBitsRatio = 0.75;
@@ -42,14 +46,16 @@ struct Params {
   uint32_t recent_tokens = 0;
   float recent_step_scale = 1;
   RopeConfig rope;  // kind kNone: no RoPE block; values as stored (f32)
+  std::shared_ptr<const Profile> profile;  // referenced by id
 };
 
 std::vector<uint8_t> WriteParams(const Params& p) {
   std::vector<uint8_t> out;
   ByteWriter w(&out);
   const bool rope = p.rope.kind != RopeConfig::Kind::kNone;
-  w.U8(rope ? kParamsVersion2 : kParamsVersion1);
-  w.U8((p.rotate ? kFlagRotate : 0) | (rope ? kFlagRope : 0));
+  const bool v2 = rope || p.profile;
+  w.U8(v2 ? kParamsVersion2 : kParamsVersion1);
+  w.U8((p.rotate ? kFlagRotate : 0) | (rope ? kFlagRope : 0) | (p.profile ? kFlagProfile : 0));
   w.U32(p.group_tokens);
   w.U32(p.recent_tokens);
   w.F32(p.recent_step_scale);
@@ -59,10 +65,12 @@ std::vector<uint8_t> WriteParams(const Params& p) {
     w.F32(static_cast<float>(p.rope.freq_base));
     w.F32(static_cast<float>(p.rope.freq_scale));
   }
+  if (p.profile) w.U64(p.profile->id());
   return out;
 }
 
-Result<Params> ReadParams(std::span<const uint8_t> bytes, uint32_t head_dim) {
+Result<Params> ReadParams(std::span<const uint8_t> bytes, const KVShape& shape) {
+  const uint32_t head_dim = shape.head_dim;
   ByteReader r(bytes);
   Params p;
   const uint8_t version = r.U8();
@@ -74,7 +82,7 @@ Result<Params> ReadParams(std::span<const uint8_t> bytes, uint32_t head_dim) {
   if (version != kParamsVersion1 && version != kParamsVersion2)
     return Status::Unsupported("cachegen params version " + std::to_string(version) +
                                " is newer than the supported version 2");
-  const uint8_t known = version == kParamsVersion1 ? kFlagRotate : (kFlagRotate | kFlagRope);
+  const uint8_t known = version == kParamsVersion1 ? kFlagRotate : (kFlagRotate | kFlagRope | kFlagProfile);
   if (flags & ~known) return Status::Corrupt("cachegen params: unknown flags");
   p.rotate = flags & kFlagRotate;
   if (flags & kFlagRope) {
@@ -86,6 +94,20 @@ Result<Params> ReadParams(std::span<const uint8_t> bytes, uint32_t head_dim) {
     if (kind != 1 && kind != 2) return Status::Corrupt("cachegen params: unknown RoPE kind " + std::to_string(kind));
     p.rope.kind = static_cast<RopeConfig::Kind>(kind);
     if (!ValidateRope(p.rope, head_dim).ok()) return Status::Corrupt("cachegen params: invalid RoPE block");
+  }
+  if (flags & kFlagProfile) {
+    const uint64_t id = r.U64();
+    if (!r.ok()) return Status::Corrupt("cachegen params: wrong length");
+    p.profile = FindProfile(id);
+    if (!p.profile) {
+      char hex[17];
+      std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(id));
+      return Status::NotFound(std::string("frame needs model profile ") + hex +
+                              ", which is not loaded (give its .cgprof, e.g. --profile P.cgprof)");
+    }
+    if (p.profile->layers() != shape.layers || p.profile->kv_heads() != shape.kv_heads ||
+        p.profile->head_dim() != head_dim)
+      return Status::Corrupt("cachegen params: the referenced profile's shape differs from the frame's");
   }
   if (r.remaining() != 0) return Status::Corrupt("cachegen params: wrong length");
   if (p.rotate && !IsPowerOfTwo(head_dim)) return Status::Corrupt("cachegen params: rotation needs power-of-two head_dim");
@@ -111,8 +133,11 @@ SectionLayout MakeLayout(const KVShape& s, const Params& p, uint32_t token_start
   l.rotate = p.rotate;
   l.recent_begin = RecentBegin(token_start, s.tokens, context_tokens, p.recent_tokens);
   l.recent_step_scale = p.recent_step_scale;
+  l.profile = p.profile ? &p.profile->data() : nullptr;
   return l;
 }
+
+uint32_t SectionIndex(uint32_t layer, KV kv) { return layer * 2 + (kv == KV::kValue ? 1 : 0); }
 
 // Layer-wise allocation by rule from the layer count: the step multiplier
 // grows geometrically from 2^(-slope/2) at layer 0 to 2^(slope/2) at the last.
@@ -143,6 +168,17 @@ class CacheGenCodec final : public Codec {
       p.rope.freq_scale = static_cast<float>(p.rope.freq_scale);
       CG_RETURN_IF_ERROR(ValidateRope(p.rope, s.head_dim));
     }
+    if (cfg.profile) {
+      const internal::ProfileData& d = cfg.profile->data();
+      if (d.layers != s.layers || d.kv_heads != s.kv_heads || d.head_dim != s.head_dim)
+        return Status::InvalidArgument("profile shape differs from the KV shape");
+      if (d.rotate != p.rotate || d.rope.kind != p.rope.kind ||
+          (p.rope.kind != RopeConfig::Kind::kNone &&
+           (d.rope.dims != p.rope.dims || d.rope.freq_base != p.rope.freq_base ||
+            d.rope.freq_scale != p.rope.freq_scale)))
+        return Status::InvalidArgument("profile was trained with other rope/rotate settings than this encoder's");
+      p.profile = cfg.profile;
+    }
     const SectionLayout layout = MakeLayout(s, p, chunk.token_start, chunk.context_tokens);
 
     const uint32_t n_sections = s.layers * 2;
@@ -161,7 +197,9 @@ class CacheGenCodec final : public Codec {
             rope_table->Apply(t, &k[(size_t{t} * s.kv_heads + h) * s.head_dim], /*inverse=*/true);
         rows = k;
       }
-      analyses[i].emplace(layout, rows);
+      SectionLayout sl = layout;
+      sl.section = uint32_t(i);
+      analyses[i].emplace(sl, rows);
       return Status::Ok();
     }));
 
@@ -185,19 +223,22 @@ class CacheGenCodec final : public Codec {
 
   Status DecodeSection(const SectionContext& ctx, std::span<const uint8_t> payload,
                        std::span<float> out) const override {
-    CG_ASSIGN_OR_RETURN(const Params p, ReadParams(ctx.params, ctx.shape.head_dim));
-    return DecodeCacheGenSection(MakeLayout(ctx.shape, p, ctx.token_start, ctx.context_tokens), payload, out,
-                                 KeyRope(ctx, p));
+    CG_ASSIGN_OR_RETURN(const Params p, ReadParams(ctx.params, ctx.shape));
+    return DecodeCacheGenSection(Layout(ctx, p), payload, out, KeyRope(ctx, p));
   }
 
   Status DecodeSectionToView(const SectionContext& ctx, std::span<const uint8_t> payload, const KVView& out,
                              std::vector<float>&) const override {
-    CG_ASSIGN_OR_RETURN(const Params p, ReadParams(ctx.params, ctx.shape.head_dim));
-    return DecodeCacheGenSection(MakeLayout(ctx.shape, p, ctx.token_start, ctx.context_tokens), payload,
-                                 SectionSink{out, ctx.layer, ctx.kv, KeyRope(ctx, p)});
+    CG_ASSIGN_OR_RETURN(const Params p, ReadParams(ctx.params, ctx.shape));
+    return DecodeCacheGenSection(Layout(ctx, p), payload, SectionSink{out, ctx.layer, ctx.kv, KeyRope(ctx, p)});
   }
 
  private:
+  static SectionLayout Layout(const SectionContext& ctx, const Params& p) {
+    SectionLayout l = MakeLayout(ctx.shape, p, ctx.token_start, ctx.context_tokens);
+    l.section = SectionIndex(ctx.layer, ctx.kv);
+    return l;
+  }
   // The RoPE table a K section's decoded rows go through (none for V).
   static const RopeTable* KeyRope(const SectionContext& ctx, const Params& p) {
     if (ctx.kv != KV::kKey || p.rope.kind == RopeConfig::Kind::kNone) return nullptr;

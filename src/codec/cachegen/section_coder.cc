@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "codec/cachegen/hadamard.h"
+#include "codec/cachegen/profile_data.h"
 #include "codec/cachegen/rope.h"
 #include "codec/rans.h"
 #include "common/bytes.h"
@@ -39,6 +40,11 @@ inline uint8_t SigmaCode(double sigma) {
   const double c = std::nearbyint(std::log2(sigma) * kSigmaCodeSteps) + kSigmaCodeBias;
   return static_cast<uint8_t>(std::clamp(c, 0.0, 255.0));
 }
+
+// Section flags (FORMAT.md "Section payload").
+constexpr uint8_t kSectionDelta = 1;
+constexpr uint8_t kSectionProfileStats = 2;   // channel statistics from the profile
+constexpr uint8_t kSectionProfileTables = 4;  // streams in table form, grid point byte follows the step
 
 inline uint32_t ZigZag(int32_t q) { return (static_cast<uint32_t>(q) << 1) ^ static_cast<uint32_t>(q >> 31); }
 inline int32_t UnZigZag(uint32_t u) { return static_cast<int32_t>(u >> 1) ^ -static_cast<int32_t>(u & 1); }
@@ -78,6 +84,12 @@ size_t SideInfoBytes(const std::vector<int32_t>& mean_code, size_t channels) {
 
 }  // namespace
 
+void ChannelCodes(double mean, double var, uint8_t* sigma_code, int32_t* mean_code) {
+  *sigma_code = SigmaCode(std::sqrt(std::max(0.0, var)));
+  const float unit = SigmaFromCode(*sigma_code) / kMeanUnitsPerSigma;
+  *mean_code = static_cast<int32_t>(std::clamp(std::nearbyint(mean / unit), -kMaxAbsSymbol, kMaxAbsSymbol));
+}
+
 SectionAnalysis::SectionAnalysis(const SectionLayout& layout, std::span<const float> rows) : layout_(layout) {
   const uint32_t C = layout.channels(), D = layout.head_dim, T = layout.tokens, tq = layout.quantized_tokens();
   y_.assign(rows.begin(), rows.begin() + size_t{tq} * C);
@@ -99,15 +111,23 @@ SectionAnalysis::SectionAnalysis(const SectionLayout& layout, std::span<const fl
   mean_code_.resize(C);
   sigma_.resize(C);
   mean_.resize(C);
+  if (layout.profile) {
+    sigma_code_ = layout.profile->sigma_code[layout.section];
+    mean_code_ = layout.profile->mean_code[layout.section];
+    for (uint32_t c = 0; c < C; ++c) {
+      sigma_[c] = SigmaFromCode(sigma_code_[c]);
+      mean_[c] = static_cast<float>(mean_code_[c]) * (sigma_[c] / kMeanUnitsPerSigma);
+      mean_sigma_sq_ += double(sigma_[c]) * sigma_[c] / C;
+    }
+    side_info_bytes_ = 1 + 4;
+    return;
+  }
   for (uint32_t c = 0; c < C; ++c) {
     const double n = std::max<uint32_t>(1, tq);
     const double mu = sum[c] / n;
-    const double var = std::max(0.0, sum_sq[c] / n - mu * mu);
-    sigma_code_[c] = SigmaCode(std::sqrt(var));
+    ChannelCodes(mu, sum_sq[c] / n - mu * mu, &sigma_code_[c], &mean_code_[c]);
     sigma_[c] = SigmaFromCode(sigma_code_[c]);
-    const float unit = sigma_[c] / kMeanUnitsPerSigma;
-    mean_code_[c] = static_cast<int32_t>(std::clamp(std::nearbyint(mu / unit), -kMaxAbsSymbol, kMaxAbsSymbol));
-    mean_[c] = static_cast<float>(mean_code_[c]) * unit;
+    mean_[c] = static_cast<float>(mean_code_[c]) * (sigma_[c] / kMeanUnitsPerSigma);
     mean_sigma_sq_ += double(sigma_[c]) * sigma_[c] / C;
   }
   side_info_bytes_ = SideInfoBytes(mean_code_, C);
@@ -161,11 +181,15 @@ double SectionAnalysis::EstimateBytes(float step, bool use_delta, uint32_t sampl
     }
   });
   double stream_bytes = 0;
+  const int g = layout_.profile ? layout_.profile->GridIndex(step) : -1;
   for (uint32_t s = 0; s < H * 2; ++s) {
     std::span<const uint64_t> hs(&hist[size_t{s} * kEstimateBins], kEstimateBins);
     if ((s & 1) && !use_delta) continue;
-    stream_bytes += static_cast<double>(rans::EstimateStreamBytes(hs));
+    stream_bytes += static_cast<double>(
+        g >= 0 ? rans::EstimateStreamBytesWithTable(hs, layout_.profile->Table(layout_.section, g, s / 2, s & 1))
+               : rans::EstimateStreamBytes(hs));
   }
+  if (g >= 0) stream_bytes += 1;  // the grid point byte
   const uint32_t groups = use_delta ? (layout_.quantized_tokens() + layout_.group_tokens - 1) / layout_.group_tokens
                                     : layout_.quantized_tokens();
   const uint32_t sampled = sample_every > 1 ? (groups + sample_every - 1) / sample_every : groups;
@@ -212,16 +236,33 @@ void SectionAnalysis::Encode(float step, bool use_delta, std::vector<uint8_t>* o
 
   ByteWriter w(out);
   const size_t start = w.size();
-  w.U8(use_delta ? 1 : 0);
+  const internal::ProfileData* prof = layout_.profile;
+  const int g = prof ? prof->GridIndex(step) : -1;
+  w.U8((use_delta ? kSectionDelta : 0) | (prof ? kSectionProfileStats : 0) | (g >= 0 ? kSectionProfileTables : 0));
   w.F32(step);
-  for (uint32_t c = 0; c < C; ++c) w.U8(sigma_code_[c]);
-  for (uint32_t c = 0; c < C; ++c) w.Varint(ZigZag(mean_code_[c]));
+  if (g >= 0) w.U8(static_cast<uint8_t>(g));
+  if (!prof) {
+    for (uint32_t c = 0; c < C; ++c) w.U8(sigma_code_[c]);
+    for (uint32_t c = 0; c < C; ++c) w.Varint(ZigZag(mean_code_[c]));
+  }
   *side_bytes = static_cast<uint32_t>(w.size() - start);
+  auto stream = [&](uint32_t h, uint32_t kind) {
+    const auto& sym = streams[2 * h + kind];
+    return g >= 0 ? rans::EncodeStreamWithTable(sym, prof->Table(layout_.section, g, h, kind), w)
+                  : rans::EncodeStream(sym, w);
+  };
   for (uint32_t h = 0; h < H; ++h) {
-    *side_bytes += static_cast<uint32_t>(rans::EncodeStream(streams[2 * h], w));
-    if (use_delta) *side_bytes += static_cast<uint32_t>(rans::EncodeStream(streams[2 * h + 1], w));
+    *side_bytes += static_cast<uint32_t>(stream(h, 0));
+    if (use_delta) *side_bytes += static_cast<uint32_t>(stream(h, 1));
   }
   for (float v : exact_) w.U16(F32ToF16(v));
+}
+
+void SectionAnalysis::Histograms(float step, bool use_delta, size_t bins, std::vector<uint64_t>* hist) const {
+  hist->assign(size_t{layout_.kv_heads} * 2 * bins, 0);
+  Quantize(step, use_delta, 1, [&](uint32_t h, bool is_delta, uint32_t u, float, float) {
+    ++(*hist)[(size_t{h} * 2 + is_delta) * bins + std::min<size_t>(u, bins - 1)];
+  });
 }
 
 namespace {
@@ -315,7 +356,37 @@ struct DecodeScratch {
   std::vector<rans::ParsedStream> streams;
   std::vector<uint32_t> symbols;
   std::vector<float> sigma, mean, st, st_recent, anchor, row;
+  std::vector<std::vector<uint8_t>> spliced;  // table-form streams rebuilt with their profile table
 };
+
+// Parses the next stream of a section. Table-form streams (mode 3) are
+// rebuilt as mode-2 streams with the profile's table in `buf`, which the
+// parsed stream then points into.
+Status ParseSectionStream(ByteReader& r, size_t n, const rans::FreqTable* table, std::vector<uint8_t>& buf,
+                          rans::ParsedStream* ps) {
+  ByteReader peek = r;
+  if (!table || peek.U8() != rans::kModeTable) return rans::ParseStream(r, n, ps);
+  const uint8_t lanes = peek.U8();
+  const uint64_t esc_len = peek.Varint();
+  const uint64_t payload_len = peek.Varint();
+  if (!peek.ok() || esc_len > peek.remaining() || payload_len > peek.remaining() - esc_len)
+    return Status::Corrupt("rANS stream: truncated table-form stream");
+  std::span<const uint8_t> body = peek.Bytes(esc_len + payload_len);
+  buf.clear();
+  ByteWriter w(&buf);
+  w.U8(2);  // mode rANS
+  w.U8(static_cast<uint8_t>(table->escape));
+  for (uint32_t v = 0; v <= table->escape; ++v) w.Varint(table->freq[v]);
+  w.U8(lanes);
+  w.Varint(esc_len);
+  w.Varint(payload_len);
+  w.Bytes(body);
+  r = peek;
+  ByteReader rebuilt(buf);
+  CG_RETURN_IF_ERROR(rans::ParseStream(rebuilt, n, ps));
+  if (rebuilt.remaining() != 0) return Status::Corrupt("rANS stream: table-form stream length mismatch");
+  return Status::Ok();
+}
 
 DecodeScratch& Scratch() {
   thread_local DecodeScratch s;
@@ -340,20 +411,39 @@ Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> pa
   ByteReader r(payload);
   const uint8_t flags = r.U8();
   const float step = r.F32();
-  auto sigma_codes = r.Bytes(C);
   if (!r.ok()) return Status::Corrupt("cachegen section: truncated header");
-  if (flags > 1) return Status::Corrupt("cachegen section: unknown flags " + std::to_string(flags));
+  if (flags > 7) return Status::Corrupt("cachegen section: unknown flags " + std::to_string(flags));
   if (!(step > 0) || !std::isfinite(step) || step > 1e30f) return Status::Corrupt("cachegen section: invalid step");
-  const bool use_delta = flags & 1;
+  const bool use_delta = flags & kSectionDelta;
+  const internal::ProfileData* prof = l.profile;
+  if ((flags & (kSectionProfileStats | kSectionProfileTables)) && !prof)
+    return Status::Corrupt("cachegen section: uses a profile but the frame references none");
+  int grid = -1;
+  if (flags & kSectionProfileTables) {
+    grid = r.U8();
+    if (!r.ok() || uint32_t(grid) >= prof->grid_points)
+      return Status::Corrupt("cachegen section: profile grid point out of range");
+  }
   DecodeScratch& sc = Scratch();
   float* sigma = Grow(sc.sigma, C);
   float* mean = Grow(sc.mean, C);
   const std::array<float, 256>& sigma_table = SigmaTable();
-  for (uint32_t c = 0; c < C; ++c) {
-    sigma[c] = sigma_table[sigma_codes[c]];
-    const uint64_t z = r.Varint();
-    if (!r.ok() || z > (uint64_t{1} << 31)) return Status::Corrupt("cachegen section: invalid channel mean");
-    mean[c] = static_cast<float>(UnZigZag(static_cast<uint32_t>(z))) * (sigma[c] / kMeanUnitsPerSigma);
+  if (flags & kSectionProfileStats) {
+    const auto& sc_codes = prof->sigma_code[l.section];
+    const auto& mc_codes = prof->mean_code[l.section];
+    for (uint32_t c = 0; c < C; ++c) {
+      sigma[c] = sigma_table[sc_codes[c]];
+      mean[c] = static_cast<float>(mc_codes[c]) * (sigma[c] / kMeanUnitsPerSigma);
+    }
+  } else {
+    auto sigma_codes = r.Bytes(C);
+    if (!r.ok()) return Status::Corrupt("cachegen section: truncated header");
+    for (uint32_t c = 0; c < C; ++c) {
+      sigma[c] = sigma_table[sigma_codes[c]];
+      const uint64_t z = r.Varint();
+      if (!r.ok() || z > (uint64_t{1} << 31)) return Status::Corrupt("cachegen section: invalid channel mean");
+      mean[c] = static_cast<float>(UnZigZag(static_cast<uint32_t>(z))) * (sigma[c] / kMeanUnitsPerSigma);
+    }
   }
   // Steps of the older and of the recent tokens (TokenStep), per channel.
   float* st = Grow(sc.st, C);
@@ -369,6 +459,7 @@ Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> pa
   const uint32_t per_head = use_delta ? 2 : 1;
   const uint32_t batch = std::min(H, kHeadBatch);
   Grow(sc.streams, size_t{batch} * 2);
+  if (sc.spliced.size() < size_t{batch} * 2) sc.spliced.resize(size_t{batch} * 2);
   uint32_t* symbols = Grow(sc.symbols, size_t{batch} * (na + nd));
   float* anchor = Grow(sc.anchor, D);
   float* row = Grow(sc.row, D);
@@ -388,11 +479,14 @@ Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> pa
       uint32_t* base = symbols + size_t{h} * (na + nd);
       ps[k] = &sc.streams[k];
       po[k] = base;
-      CG_RETURN_IF_ERROR(rans::ParseStream(r, na, ps[k++]));
+      const auto table = [&](uint32_t kind) { return grid >= 0 ? &prof->Table(l.section, grid, h0 + h, kind) : nullptr; };
+      CG_RETURN_IF_ERROR(ParseSectionStream(r, na, table(0), sc.spliced[k], ps[k]));
+      ++k;
       if (use_delta) {
         ps[k] = &sc.streams[k];
         po[k] = base + na;
-        CG_RETURN_IF_ERROR(rans::ParseStream(r, nd, ps[k++]));
+        CG_RETURN_IF_ERROR(ParseSectionStream(r, nd, table(1), sc.spliced[k], ps[k]));
+        ++k;
       }
     }
     CG_RETURN_IF_ERROR(rans::DecodeParsed(std::span(ps, size_t{hn} * per_head), std::span(po, size_t{hn} * per_head)));

@@ -18,6 +18,16 @@
 
 namespace cachegen {
 
+namespace internal {
+struct ProfileData;
+}
+
+// Default prediction group (see cachegen_codec.cc).
+constexpr uint32_t kCacheGenDefaultGroupTokens = 2;
+
+// The stored codes of one channel's scale and mean (FORMAT.md "Section payload").
+void ChannelCodes(double mean, double var, uint8_t* sigma_code, int32_t* mean_code);
+
 struct SectionLayout {
   uint32_t tokens = 0;
   uint32_t kv_heads = 0;
@@ -26,6 +36,10 @@ struct SectionLayout {
   bool rotate = false;         // requires head_dim a power of two
   uint32_t recent_begin = 0;   // first token (chunk-relative) of the recent window
   float recent_step_scale = 1; // 0: recent tokens stored as exact f16
+  // A model profile the frame references (channel statistics and tables of
+  // section `section` = 2 * layer + (V ? 1 : 0) come from it), or none.
+  const internal::ProfileData* profile = nullptr;
+  uint32_t section = 0;
   uint32_t channels() const { return kv_heads * head_dim; }
   // Tokens coded through the quantizer: all but an exact f16 tail.
   uint32_t quantized_tokens() const { return recent_step_scale == 0 ? recent_begin : tokens; }
@@ -52,6 +66,10 @@ class SectionAnalysis {
 
   // Writes the section payload; side_bytes receives the side-information share.
   void Encode(float step, bool use_delta, std::vector<uint8_t>* out, uint32_t* side_bytes) const;
+
+  // Symbol counts per (head, anchor|delta stream) at `step`: hist[(h * 2 +
+  // kind) * bins + min(symbol, bins - 1)] (profile training).
+  void Histograms(float step, bool use_delta, size_t bins, std::vector<uint64_t>* hist) const;
 
  private:
   template <bool kNeedRec, typename Visit>

@@ -149,7 +149,7 @@ Result<EvalReport> RunEval(const EvalOptions& o) {
       if (o.bits.empty()) return Status::InvalidArgument("no --bits for " + c);
       for (double b : o.bits) {
         cfg.bits_per_value = b;
-        specs.push_back({c, fmt::format("bits={:g}{}", b, o.rope ? "" : " no-rope"), "", cfg});
+        specs.push_back({c, fmt::format("bits={:g}{}{}", b, o.rope ? "" : " no-rope", o.codec.profile ? " profile" : ""), "", cfg});
       }
     } else {
       specs.push_back({c, "default", "", cfg});

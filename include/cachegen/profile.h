@@ -1,0 +1,56 @@
+// Model profiles (.cgprof): side information of the `cachegen` codec learned
+// offline from a few contexts of one model — per-channel statistics (scale and
+// mean of every layer's K and V channels) and rANS frequency tables per
+// (layer, K|V, head, anchor|delta stream) on a grid of quantizer steps.
+// Frames encoded with a profile reference it by its 64-bit id and carry
+// neither (docs/FORMAT.md, ".cgprof" and "Profile reference"); decoding them
+// needs the same profile registered in the process.
+//
+// Thread safety: a Profile is immutable; the registry is thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "cachegen/codec.h"
+#include "cachegen/kv.h"
+#include "cachegen/status.h"
+
+namespace cachegen {
+
+namespace internal {
+struct ProfileData;
+}
+
+class Profile {
+ public:
+  // Validates a .cgprof (untrusted bytes: every field is checked, the
+  // checksum must match).
+  static Result<std::shared_ptr<const Profile>> Parse(std::span<const uint8_t> bytes);
+
+  // Learns a profile from whole contexts of one model (tokens at positions
+  // 0..T-1, keys as cached). The coding domain follows `config`: its rope and
+  // rotate settings (frames using the profile must be encoded with the same)
+  // and its group size (for the delta tables).
+  static Result<std::shared_ptr<const Profile>> Train(std::span<const KVView> contexts, const CodecConfig& config);
+
+  uint64_t id() const;  // XXH3-64 of the file before its checksum (the checksum itself)
+  const std::vector<uint8_t>& bytes() const { return bytes_; }
+  uint32_t layers() const;
+  uint32_t kv_heads() const;
+  uint32_t head_dim() const;
+  const internal::ProfileData& data() const { return *data_; }
+
+ private:
+  Profile() = default;
+  std::vector<uint8_t> bytes_;
+  std::shared_ptr<const internal::ProfileData> data_;
+};
+
+// The profiles decoders can use, by id. Registering the same id again is a no-op.
+void RegisterProfile(std::shared_ptr<const Profile> profile);
+std::shared_ptr<const Profile> FindProfile(uint64_t id);
+
+}  // namespace cachegen

@@ -1,0 +1,296 @@
+// Model profiles: .cgprof parsing, writing, training and the registry
+// (include/cachegen/profile.h; layout in docs/FORMAT.md ".cgprof").
+#include "cachegen/profile.h"
+
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+
+#include "codec/cachegen/hadamard.h"
+#include "codec/cachegen/profile_data.h"
+#include "codec/cachegen/rope.h"
+#include "codec/cachegen/section_coder.h"
+#include "common/bytes.h"
+#include "common/checksum.h"
+
+namespace cachegen {
+namespace {
+
+constexpr uint32_t kMagic = 0x46504743;  // "CGPF"
+constexpr uint16_t kVersion = 1;
+constexpr size_t kHeaderBytes = 56;
+constexpr uint32_t kMaxGridPoints = 64;
+// Training grid: log2(step) from -7 to +2.75 in quarter octaves, which covers
+// what rate control picks from about 0.5 to 8 bits/value.
+constexpr int32_t kTrainGridFirst = -28;
+constexpr uint32_t kTrainGridPoints = 40;
+// Histogram bins for the tables (values >= 255 are escapes anyway).
+constexpr size_t kTableBins = rans::kMaxAlphabet;
+
+inline uint32_t ZigZag(int32_t q) { return (static_cast<uint32_t>(q) << 1) ^ static_cast<uint32_t>(q >> 31); }
+inline int32_t UnZigZag(uint32_t u) { return static_cast<int32_t>(u >> 1) ^ -static_cast<int32_t>(u & 1); }
+
+std::vector<uint8_t> Serialize(const internal::ProfileData& d) {
+  std::vector<uint8_t> out;
+  ByteWriter w(&out);
+  w.U32(kMagic);
+  w.U16(kVersion);
+  w.U16(0);
+  w.U32(d.layers);
+  w.U32(d.kv_heads);
+  w.U32(d.head_dim);
+  w.U8(d.rotate ? 1 : 0);
+  w.U8(static_cast<uint8_t>(d.rope.kind));
+  w.U16(0);
+  const bool rope = d.rope.kind != RopeConfig::Kind::kNone;
+  w.U32(rope ? d.rope.dims : 0);
+  w.F32(rope ? static_cast<float>(d.rope.freq_base) : 0.0f);
+  w.F32(rope ? static_cast<float>(d.rope.freq_scale) : 0.0f);
+  w.U32(d.group_tokens);
+  w.U32(static_cast<uint32_t>(d.grid_first));
+  w.U32(d.grid_points);
+  w.U32(d.contexts);
+  w.U32(d.tokens);
+  const uint32_t C = d.channels();
+  for (uint32_t s = 0; s < d.layers * 2; ++s) {
+    for (uint32_t c = 0; c < C; ++c) w.U8(d.sigma_code[s][c]);
+    for (uint32_t c = 0; c < C; ++c) w.Varint(ZigZag(d.mean_code[s][c]));
+    for (uint32_t g = 0; g < d.grid_points; ++g)
+      for (uint32_t h = 0; h < d.kv_heads; ++h)
+        for (uint32_t k = 0; k < 2; ++k) {
+          const rans::FreqTable& t = d.Table(s, g, h, k);
+          w.U8(static_cast<uint8_t>(t.escape));
+          for (uint32_t v = 0; v <= t.escape; ++v) w.Varint(t.freq[v]);
+        }
+  }
+  w.U64(Checksum64(out));
+  return out;
+}
+
+Status Bad(const std::string& what) { return Status::Corrupt("profile: " + what); }
+
+Result<internal::ProfileData> ParseData(std::span<const uint8_t> bytes) {
+  if (bytes.size() < kHeaderBytes + 8) return Bad("truncated (" + std::to_string(bytes.size()) + " bytes)");
+  ByteReader r(bytes);
+  if (r.U32() != kMagic) return Bad("wrong magic (not a .cgprof)");
+  const uint16_t version = r.U16();
+  if (version == 0) return Bad("version 0");
+  if (version > kVersion)
+    return Status::Unsupported("profile format version " + std::to_string(version) +
+                               " is newer than the supported version 1");
+  const std::span<const uint8_t> body = bytes.first(bytes.size() - 8);
+  ByteReader tail(bytes.subspan(bytes.size() - 8));
+  if (tail.U64() != Checksum64(body)) return Bad("checksum mismatch");
+  internal::ProfileData d;
+  const uint16_t flags = r.U16();
+  d.layers = r.U32();
+  d.kv_heads = r.U32();
+  d.head_dim = r.U32();
+  const uint8_t rotate = r.U8();
+  const uint8_t kind = r.U8();
+  const uint16_t reserved = r.U16();
+  d.rope.dims = r.U32();
+  d.rope.freq_base = r.F32();
+  d.rope.freq_scale = r.F32();
+  d.group_tokens = r.U32();
+  d.grid_first = static_cast<int32_t>(r.U32());
+  d.grid_points = r.U32();
+  d.contexts = r.U32();
+  d.tokens = r.U32();
+  if (flags != 0 || reserved != 0) return Bad("flags or reserved bits set");
+  if (rotate > 1) return Bad("invalid rotate byte");
+  d.rotate = rotate;
+  if (d.layers == 0 || d.layers > 4096 || d.kv_heads == 0 || d.kv_heads > 4096 || d.head_dim == 0 ||
+      d.head_dim > 4096 || uint64_t{d.kv_heads} * d.head_dim > 65536)
+    return Bad("shape out of limits");
+  if (d.rotate && (d.head_dim & (d.head_dim - 1)) != 0) return Bad("rotation needs a power-of-two head dim");
+  if (kind > 2) return Bad("unknown RoPE kind " + std::to_string(kind));
+  d.rope.kind = static_cast<RopeConfig::Kind>(kind);
+  if (d.rope.kind == RopeConfig::Kind::kNone) {
+    if (d.rope.dims != 0 || d.rope.freq_base != 0 || d.rope.freq_scale != 0) return Bad("RoPE fields set without RoPE");
+  } else if (!ValidateRope(d.rope, d.head_dim).ok()) {
+    return Bad("invalid RoPE fields");
+  }
+  if (d.group_tokens == 0) return Bad("group size 0");
+  if (d.grid_points == 0 || d.grid_points > kMaxGridPoints || d.grid_first < -128 || d.grid_first > 128)
+    return Bad("step grid out of limits");
+  // Least bytes the rest takes (a scale byte and a mean byte per channel, 4
+  // bytes per table), checked before anything is allocated.
+  const uint64_t C = d.channels(), sections = uint64_t{d.layers} * 2;
+  const uint64_t n_tables = sections * d.grid_points * d.kv_heads * 2;
+  if (r.remaining() < 8 || r.remaining() - 8 < sections * 2 * C + n_tables * 4) return Bad("truncated body");
+  d.sigma_code.resize(sections);
+  d.mean_code.resize(sections);
+  d.tables.resize(n_tables);
+  size_t ti = 0;
+  for (uint64_t s = 0; s < sections; ++s) {
+    auto codes = r.Bytes(C);
+    if (!r.ok()) return Bad("truncated channel scales");
+    d.sigma_code[s].assign(codes.begin(), codes.end());
+    d.mean_code[s].resize(C);
+    for (uint64_t c = 0; c < C; ++c) {
+      const uint64_t z = r.Varint();
+      if (!r.ok() || z > (uint64_t{1} << 31)) return Bad("invalid channel mean");
+      d.mean_code[s][c] = UnZigZag(static_cast<uint32_t>(z));
+    }
+    for (uint64_t k = 0; k < uint64_t{d.grid_points} * d.kv_heads * 2; ++k) {
+      rans::FreqTable& t = d.tables[ti++];
+      t.escape = r.U8();
+      if (!r.ok() || t.escape < 2) return Bad("invalid table escape threshold");
+      uint32_t sum = 0;
+      for (uint32_t v = 0; v <= t.escape; ++v) {
+        const uint64_t f = r.Varint();
+        if (!r.ok() || f == 0 || f > rans::kProbScale) return Bad("invalid table frequency");
+        t.freq[v] = static_cast<uint32_t>(f);
+        sum += t.freq[v];
+      }
+      if (sum != rans::kProbScale) return Bad("table frequencies do not sum to 4096");
+    }
+  }
+  if (r.remaining() != 8) return Bad("trailing bytes before the checksum");
+  return d;
+}
+
+std::mutex& RegistryMutex() {
+  static std::mutex m;
+  return m;
+}
+std::unordered_map<uint64_t, std::shared_ptr<const Profile>>& Registry() {
+  static std::unordered_map<uint64_t, std::shared_ptr<const Profile>> r;
+  return r;
+}
+
+}  // namespace
+
+Result<std::shared_ptr<const Profile>> Profile::Parse(std::span<const uint8_t> bytes) {
+  CG_ASSIGN_OR_RETURN(internal::ProfileData d, ParseData(bytes));
+  std::shared_ptr<Profile> p(new Profile());
+  p->bytes_.assign(bytes.begin(), bytes.end());
+  p->data_ = std::make_shared<const internal::ProfileData>(std::move(d));
+  return std::shared_ptr<const Profile>(std::move(p));
+}
+
+uint64_t Profile::id() const {
+  ByteReader r(std::span<const uint8_t>(bytes_).last(8));
+  return r.U64();
+}
+uint32_t Profile::layers() const { return data_->layers; }
+uint32_t Profile::kv_heads() const { return data_->kv_heads; }
+uint32_t Profile::head_dim() const { return data_->head_dim; }
+
+Result<std::shared_ptr<const Profile>> Profile::Train(std::span<const KVView> contexts, const CodecConfig& cfg) {
+  if (contexts.empty()) return Status::InvalidArgument("profile: no contexts to train on");
+  const KVShape s0 = contexts[0].shape();
+  internal::ProfileData d;
+  d.layers = s0.layers;
+  d.kv_heads = s0.kv_heads;
+  d.head_dim = s0.head_dim;
+  d.rotate = cfg.rotate && (s0.head_dim & (s0.head_dim - 1)) == 0;
+  d.group_tokens = cfg.group_tokens ? cfg.group_tokens : kCacheGenDefaultGroupTokens;
+  d.grid_first = kTrainGridFirst;
+  d.grid_points = kTrainGridPoints;
+  if (cfg.rope.kind != RopeConfig::Kind::kNone) {
+    d.rope = cfg.rope;
+    if (d.rope.dims == 0) d.rope.dims = s0.head_dim;
+    d.rope.freq_base = static_cast<float>(d.rope.freq_base);  // as frames store them
+    d.rope.freq_scale = static_cast<float>(d.rope.freq_scale);
+    CG_RETURN_IF_ERROR(ValidateRope(d.rope, s0.head_dim));
+  }
+  const uint32_t C = d.channels(), D = d.head_dim, sections = d.layers * 2;
+
+  // Rows of every context in the coding domain: RoPE undone on keys, rotated.
+  auto coding_rows = [&](const KVView& kv, uint32_t section) {
+    const KVShape& s = kv.shape();
+    std::vector<float> rows(size_t{s.tokens} * C);
+    std::optional<RopeTable> rope;
+    if (section % 2 == 0 && d.rope.kind != RopeConfig::Kind::kNone) rope.emplace(d.rope, 0, s.tokens);
+    for (uint32_t t = 0; t < s.tokens; ++t) {
+      float* row = &rows[size_t{t} * C];
+      kv.ReadRow(section / 2, section % 2 ? KV::kValue : KV::kKey, t, row);
+      for (uint32_t h = 0; h < d.kv_heads; ++h) {
+        if (rope) rope->Apply(t, row + size_t{h} * D, /*inverse=*/true);
+        if (d.rotate) HadamardInPlace(row + size_t{h} * D, D);
+      }
+    }
+    return rows;
+  };
+  for (const KVView& kv : contexts) {
+    const KVShape& s = kv.shape();
+    if (s.layers != d.layers || s.kv_heads != d.kv_heads || s.head_dim != d.head_dim || s.tokens == 0)
+      return Status::InvalidArgument("profile: contexts of different shapes (" + s.ToString() + " vs " +
+                                     s0.ToString() + ")");
+    d.tokens += s.tokens;
+  }
+  d.contexts = static_cast<uint32_t>(contexts.size());
+
+  // Channel statistics over all tokens of all contexts.
+  d.sigma_code.assign(sections, std::vector<uint8_t>(C));
+  d.mean_code.assign(sections, std::vector<int32_t>(C));
+  for (uint32_t sec = 0; sec < sections; ++sec) {
+    std::vector<double> sum(C, 0), sum_sq(C, 0);
+    for (const KVView& kv : contexts) {
+      const std::vector<float> rows = coding_rows(kv, sec);
+      for (size_t i = 0; i < rows.size(); ++i) {
+        sum[i % C] += rows[i];
+        sum_sq[i % C] += double(rows[i]) * rows[i];
+      }
+    }
+    for (uint32_t c = 0; c < C; ++c) {
+      const double mu = sum[c] / d.tokens;
+      ChannelCodes(mu, sum_sq[c] / d.tokens - mu * mu, &d.sigma_code[sec][c], &d.mean_code[sec][c]);
+    }
+  }
+
+  // Tables: symbol counts at every grid step with the profile's statistics.
+  std::vector<std::vector<uint64_t>> counts(size_t{sections} * d.grid_points * d.kv_heads * 2,
+                                            std::vector<uint64_t>(kTableBins, 0));
+  std::vector<uint64_t> hist;
+  for (const KVView& kv : contexts) {
+    for (uint32_t sec = 0; sec < sections; ++sec) {
+      SectionLayout l;
+      l.tokens = kv.shape().tokens;
+      l.kv_heads = d.kv_heads;
+      l.head_dim = d.head_dim;
+      l.group_tokens = d.group_tokens;
+      l.rotate = false;  // rows are already in the coding domain
+      l.recent_begin = l.tokens;
+      l.profile = &d;  // its statistics (Histograms uses no tables)
+      l.section = sec;
+      const std::vector<float> rows = coding_rows(kv, sec);
+      const SectionAnalysis a(l, rows);
+      for (uint32_t g = 0; g < d.grid_points; ++g) {
+        const float step = static_cast<float>(std::exp2(double(d.grid_first + int32_t(g)) / d.kGridPerOctave));
+        for (uint32_t kind = 0; kind < 2; ++kind) {
+          if (kind == 1 && d.group_tokens <= 1) continue;
+          a.Histograms(step, /*use_delta=*/kind == 1, kTableBins, &hist);
+          for (uint32_t h = 0; h < d.kv_heads; ++h) {
+            auto& dst = counts[((size_t{sec} * d.grid_points + g) * d.kv_heads + h) * 2 + kind];
+            const uint64_t* src = &hist[(size_t{h} * 2 + kind) * kTableBins];
+            for (size_t v = 0; v < kTableBins; ++v) dst[v] += src[v];
+          }
+        }
+      }
+    }
+  }
+  d.tables.resize(counts.size());
+  for (size_t i = 0; i < counts.size(); ++i) d.tables[i] = rans::MakeFreqTable(counts[i]);
+  std::vector<uint8_t> bytes = Serialize(d);
+  return Parse(bytes);
+}
+
+void RegisterProfile(std::shared_ptr<const Profile> profile) {
+  if (!profile) return;
+  std::lock_guard lock(RegistryMutex());
+  Registry().emplace(profile->id(), std::move(profile));
+}
+
+std::shared_ptr<const Profile> FindProfile(uint64_t id) {
+  std::lock_guard lock(RegistryMutex());
+  auto it = Registry().find(id);
+  return it == Registry().end() ? nullptr : it->second;
+}
+
+}  // namespace cachegen

@@ -1,0 +1,39 @@
+// What a parsed .cgprof holds (include/cachegen/profile.h; docs/FORMAT.md).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "cachegen/codec.h"
+#include "codec/rans.h"
+
+namespace cachegen::internal {
+
+struct ProfileData {
+  uint32_t layers = 0, kv_heads = 0, head_dim = 0;
+  bool rotate = false;
+  RopeConfig rope;  // kind kNone: keys learned as cached
+  uint32_t group_tokens = 1;
+  int32_t grid_first = 0;  // step grid: log2(step) = (grid_first + g) / kGridPerOctave
+  uint32_t grid_points = 0;
+  uint32_t contexts = 0, tokens = 0;  // what it was trained on (informative)
+  // Per section (layer l: 2l = K, 2l + 1 = V), per channel.
+  std::vector<std::vector<uint8_t>> sigma_code;
+  std::vector<std::vector<int32_t>> mean_code;
+  // [section][grid point][head][0 anchor | 1 delta]
+  std::vector<rans::FreqTable> tables;
+
+  static constexpr int32_t kGridPerOctave = 4;
+  uint32_t channels() const { return kv_heads * head_dim; }
+  const rans::FreqTable& Table(uint32_t section, uint32_t g, uint32_t head, uint32_t kind) const {
+    return tables[((size_t{section} * grid_points + g) * kv_heads + head) * 2 + kind];
+  }
+  // The grid point nearest to `step`, or -1 when it lies outside the grid.
+  int GridIndex(float step) const {
+    const double q = std::nearbyint(std::log2(double(step)) * kGridPerOctave) - grid_first;
+    return q >= 0 && q < grid_points ? static_cast<int>(q) : -1;
+  }
+};
+
+}  // namespace cachegen::internal

@@ -1,0 +1,164 @@
+// Model profiles (include/cachegen/profile.h, FORMAT.md ".cgprof").
+#include "cachegen/profile.h"
+
+#include <cmath>
+
+#include <gtest/gtest.h>
+
+#include "codec/cachegen/profile_data.h"
+#include "common/bytes.h"
+#include "common/checksum.h"
+#include "kv/synthetic.h"
+
+namespace cachegen {
+namespace {
+
+const KVShape kShape{2, 2, 16, 96};
+
+// Slices of one long synthetic context (one "model": the generator's channel
+// structure depends on its seed): slices 0..2 train, slice 3 is held out.
+std::vector<KVTensor> Contexts(uint32_t first, int n) {
+  KVShape whole = kShape;
+  whole.tokens = kShape.tokens * 4;
+  const KVTensor kv = *SyntheticKV(whole, DType::kF16, 100);
+  std::vector<KVTensor> out;
+  for (int i = 0; i < n; ++i) out.push_back(kv.Slice((first + i) * kShape.tokens, kShape.tokens));
+  return out;
+}
+
+std::shared_ptr<const Profile> Trained(const CodecConfig& cfg = {}) {
+  const auto ctx = Contexts(0, 3);
+  std::vector<KVView> views;
+  for (const auto& t : ctx) views.push_back(t.view());
+  auto p = Profile::Train(views, cfg);
+  EXPECT_TRUE(p.ok()) << p.status().ToString();
+  return p.ok() ? *p : nullptr;
+}
+
+TEST(Profile, TrainParseRoundTrip) {
+  auto p = Trained();
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->layers(), kShape.layers);
+  EXPECT_EQ(p->kv_heads(), kShape.kv_heads);
+  EXPECT_EQ(p->head_dim(), kShape.head_dim);
+  EXPECT_EQ(p->data().contexts, 3u);
+  EXPECT_EQ(p->data().tokens, 3 * kShape.tokens);
+  auto again = Profile::Parse(p->bytes());
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ((*again)->id(), p->id());
+  EXPECT_EQ((*again)->bytes(), p->bytes());
+  ByteReader tail(std::span<const uint8_t>(p->bytes()).last(8));
+  EXPECT_EQ(tail.U64(), Checksum64(std::span<const uint8_t>(p->bytes()).first(p->bytes().size() - 8)));
+}
+
+TEST(Profile, HostileBytesAreRejected) {
+  auto p = Trained();
+  ASSERT_TRUE(p);
+  const std::vector<uint8_t>& good = p->bytes();
+  for (size_t len = 0; len < good.size(); len += 1 + len / 64)
+    EXPECT_FALSE(Profile::Parse(std::span<const uint8_t>(good.data(), len)).ok()) << len;
+  for (size_t i = 0; i < good.size(); i += 1 + i / 64) {
+    auto bad = good;
+    bad[i] ^= 0x20;
+    EXPECT_FALSE(Profile::Parse(bad).ok()) << i;  // corrupt (unsupported for a version byte)
+  }
+  // Valid checksum, invalid fields: the field checks behind it.
+  auto resealed = [](std::vector<uint8_t> b) {
+    b.resize(b.size() - 8);
+    ByteWriter w(&b);
+    w.U64(Checksum64(b));
+    return b;
+  };
+  auto v = good;
+  v[4] = 2;  // version 2
+  EXPECT_EQ(Profile::Parse(resealed(v)).status().code(), StatusCode::kUnsupported);
+  v = good;
+  v[8] = 0, v[9] = 0, v[10] = 0, v[11] = 0;  // layers 0
+  EXPECT_EQ(Profile::Parse(resealed(v)).status().code(), StatusCode::kCorrupt);
+  v = good;
+  v[44] = 0xff, v[45] = 0xff;  // grid points 65535
+  EXPECT_EQ(Profile::Parse(resealed(v)).status().code(), StatusCode::kCorrupt);
+  v = good;
+  v.insert(v.end() - 8, 0);  // a trailing byte
+  EXPECT_EQ(Profile::Parse(resealed(v)).status().code(), StatusCode::kCorrupt);
+}
+
+// Encodes a context in small chunks at a fixed step with and without the profile.
+struct Coded {
+  std::vector<uint8_t> bytes;
+  double snr_db = 0;
+};
+Coded Code(const KVTensor& kv, std::shared_ptr<const Profile> profile) {
+  CodecConfig cfg;
+  cfg.max_rel_error = 0.25;
+  cfg.chunk_tokens = 32;
+  cfg.profile = std::move(profile);
+  auto enc = Encoder::Create(cfg);
+  EXPECT_TRUE(enc.ok());
+  Coded c;
+  c.bytes = *enc->Encode(kv.view());
+  auto dec = Decoder::Open(c.bytes);
+  EXPECT_TRUE(dec.ok());
+  auto out = dec->Decode(DType::kF32);
+  EXPECT_TRUE(out.ok()) << out.status().ToString();
+  if (!out.ok()) return c;
+  double p = 0, e = 0;
+  const KVShape& s = kv.shape();
+  for (uint32_t l = 0; l < s.layers; ++l)
+    for (KV k : {KV::kKey, KV::kValue})
+      for (uint32_t t = 0; t < s.tokens; ++t)
+        for (uint32_t h = 0; h < s.kv_heads; ++h)
+          for (uint32_t d = 0; d < s.head_dim; ++d) {
+            const double x = kv.view().Get(l, k, t, h, d), y = out->view().Get(l, k, t, h, d);
+            p += x * x;
+            e += (x - y) * (x - y);
+          }
+  c.snr_db = 10 * std::log10(p / e);
+  return c;
+}
+
+TEST(Profile, SmallChunksGetSmallerAndDecodeOnlyWithTheProfile) {
+  auto p = Trained();
+  ASSERT_TRUE(p);
+  const KVTensor kv = Contexts(3, 1)[0];  // not a training context
+  RegisterProfile(p);
+  const Coded plain = Code(kv, nullptr), with = Code(kv, p);
+  EXPECT_LT(with.bytes.size() * 10, plain.bytes.size() * 9)
+      << "with profile " << with.bytes.size() << " B, without " << plain.bytes.size() << " B";
+  EXPECT_GT(with.snr_db, plain.snr_db - 3.0);
+
+  // A profile nobody registered: the frames name it, decoding says so.
+  CodecConfig other;
+  other.group_tokens = 1;
+  auto q = Trained(other);
+  ASSERT_TRUE(q);
+  ASSERT_NE(q->id(), p->id());
+  CodecConfig cfg;
+  cfg.profile = q;
+  auto bytes = Encoder::Create(cfg)->Encode(kv.view());
+  ASSERT_TRUE(bytes.ok());
+  auto dec = Decoder::Open(*bytes);
+  ASSERT_TRUE(dec.ok());
+  auto out = dec->Decode(DType::kF32);
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(out.status().message().find("profile"), std::string::npos);
+  RegisterProfile(q);
+  EXPECT_TRUE(dec->Decode(DType::kF32).ok());
+}
+
+TEST(Profile, EncoderRejectsMismatchedSettings) {
+  auto p = Trained();
+  ASSERT_TRUE(p);
+  const KVTensor kv = Contexts(3, 1)[0];
+  CodecConfig cfg;
+  cfg.profile = p;
+  cfg.rope.kind = RopeConfig::Kind::kNormal;  // trained without RoPE
+  EXPECT_EQ(Encoder::Create(cfg)->Encode(kv.view()).status().code(), StatusCode::kInvalidArgument);
+  auto small = SyntheticKV(KVShape{1, 2, 16, 32}, DType::kF16, 3);
+  cfg.rope = RopeConfig{};
+  EXPECT_EQ(Encoder::Create(cfg)->Encode(small->view()).status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace cachegen

@@ -1,0 +1,88 @@
+// `cachegen profile train`: learns a model profile (.cgprof; include/cachegen/profile.h)
+// from a few contexts of a llama.cpp model's own KV cache.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "cachegen/cli.h"
+#include "cachegen/command.h"
+#include "cachegen/llama_engine.h"
+#include "cachegen/profile.h"
+#include "engine/llama/eval.h"
+#include "kv/io.h"
+
+namespace cachegen::cli {
+namespace {
+
+struct ProfileArgs {
+  std::string model, text, output;
+  uint32_t contexts = 8, context = 384, skip = 0, threads = 0;
+  bool rope = true;
+  CodecConfig tuning;
+};
+
+int RunTrain(const ProfileArgs& a) {
+  Result<std::vector<uint8_t>> text = ReadFileBytes(a.text);
+  if (!text.ok()) return Fail(text.status());
+  auto model = LlamaModel::Load(a.model);
+  if (!model.ok()) return Fail(model.status());
+  const auto windows = engine::MakeWindows(**model, std::string(text->begin(), text->end()), a.context,
+                                           a.skip + a.contexts);
+  if (windows.size() <= a.skip)
+    return Fail(Status::InvalidArgument("the text has no window of " + std::to_string(a.context) +
+                                        " tokens after the " + std::to_string(a.skip) + " skipped"));
+  LlamaContextOptions co;
+  co.n_ctx = a.context + 8;
+  co.threads = a.threads;
+  auto ctx = LlamaContext::Create(*model, co);
+  if (!ctx.ok()) return Fail(ctx.status());
+  std::vector<KVTensor> kvs;
+  for (size_t w = a.skip; w < windows.size(); ++w) {
+    (*ctx)->Clear();
+    Status st = (*ctx)->Eval(windows[w], 0);
+    if (!st.ok()) return Fail(st);
+    auto cap = (*ctx)->Capture(0);
+    if (!cap.ok()) return Fail(cap.status());
+    kvs.push_back(std::move(cap->kv));
+  }
+  std::vector<KVView> views;
+  for (const KVTensor& t : kvs) views.push_back(t.view());
+  CodecConfig cfg = a.tuning;
+  cfg.rope = a.rope ? CodecRope((*model)->info()) : RopeConfig{};
+  auto prof = Profile::Train(views, cfg);
+  if (!prof.ok()) return Fail(prof.status());
+  Status st = WriteFileBytes(a.output, (*prof)->bytes());
+  if (!st.ok()) return Fail(st);
+  std::printf("%s: profile %016llx, %zu bytes, %zu contexts x %u tokens, RoPE %s\n", a.output.c_str(),
+              static_cast<unsigned long long>((*prof)->id()), (*prof)->bytes().size(), views.size(), a.context,
+              cfg.rope.kind == RopeConfig::Kind::kNone ? "off" : "undone");
+  return 0;
+}
+
+const bool kRegistered = RegisterCommand(55, [](CLI::App& root) -> CommandRunner {
+  auto a = std::make_shared<ProfileArgs>();
+  CLI::App* prof = root.add_subcommand("profile", "Model profiles: side information learned offline (.cgprof)");
+  prof->require_subcommand(1);
+  CLI::App* t = prof->add_subcommand(
+      "train", "Learn channel statistics and entropy tables from a few contexts of a model's own KV cache");
+  t->add_option("--model", a->model, "GGUF model")->required();
+  t->add_option("--text", a->text, "Text, stories separated by <|endoftext|> lines")->required();
+  t->add_option("-o,--output", a->output, "Output .cgprof")->required();
+  t->add_option("--contexts", a->contexts, "Contexts (text windows) to learn from")->capture_default_str();
+  t->add_option("--context-tokens", a->context, "Tokens per context")->capture_default_str();
+  t->add_option("--skip-windows", a->skip, "Windows of the text to skip first (e.g. those an eval scores)")
+      ->capture_default_str();
+  t->add_option("--threads", a->threads, "llama.cpp threads (0: its default)")->capture_default_str();
+  t->add_flag("--rope,!--no-rope", a->rope, "Learn keys with the model's RoPE undone (as the codec codes them)")
+      ->capture_default_str();
+  t->add_option("--group-tokens", a->tuning.group_tokens, "Prediction group size G of the delta tables (0 = default)");
+  t->add_flag("--rotate,!--no-rotate", a->tuning.rotate, "Learn in the Hadamard-rotated domain");
+  return [prof, t, a]() -> std::optional<int> {
+    if (!*prof) return std::nullopt;
+    if (*t) return RunTrain(*a);
+    return 2;
+  };
+});
+
+}  // namespace
+}  // namespace cachegen::cli
