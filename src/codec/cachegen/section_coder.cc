@@ -172,14 +172,9 @@ void SectionAnalysis::Quantize(float step, bool use_delta, uint32_t sample_every
 }
 
 double SectionAnalysis::EstimateBytes(float step, bool use_delta, uint32_t sample_every) const {
-  const uint32_t H = layout_.kv_heads, D = layout_.head_dim;
-  std::vector<uint64_t> hist(size_t{H} * 2 * kEstimateBins, 0);
-  Quantize<false>(step, use_delta, sample_every, [&](bool is_delta, const uint32_t* sym, const float*, const float*) {
-    for (uint32_t h = 0, c = 0; h < H; ++h) {
-      uint64_t* hh = &hist[(size_t{h} * 2 + is_delta) * kEstimateBins];
-      for (uint32_t d = 0; d < D; ++d, ++c) ++hh[std::min<size_t>(sym[c], kEstimateBins - 1)];
-    }
-  });
+  const uint32_t H = layout_.kv_heads;
+  std::vector<uint64_t> hist;
+  Histograms(step, use_delta, kEstimateBins, &hist, sample_every);
   double stream_bytes = 0;
   const int g = layout_.profile ? layout_.profile->GridIndex(step) : -1;
   for (uint32_t s = 0; s < H * 2; ++s) {
@@ -258,10 +253,15 @@ void SectionAnalysis::Encode(float step, bool use_delta, std::vector<uint8_t>* o
   for (float v : exact_) w.U16(F32ToF16(v));
 }
 
-void SectionAnalysis::Histograms(float step, bool use_delta, size_t bins, std::vector<uint64_t>* hist) const {
-  hist->assign(size_t{layout_.kv_heads} * 2 * bins, 0);
-  Quantize(step, use_delta, 1, [&](uint32_t h, bool is_delta, uint32_t u, float, float) {
-    ++(*hist)[(size_t{h} * 2 + is_delta) * bins + std::min<size_t>(u, bins - 1)];
+void SectionAnalysis::Histograms(float step, bool use_delta, size_t bins, std::vector<uint64_t>* hist,
+                                 uint32_t sample_every) const {
+  const uint32_t H = layout_.kv_heads, D = layout_.head_dim;
+  hist->assign(size_t{H} * 2 * bins, 0);
+  Quantize<false>(step, use_delta, sample_every, [&](bool is_delta, const uint32_t* sym, const float*, const float*) {
+    for (uint32_t h = 0, c = 0; h < H; ++h) {
+      uint64_t* hh = &(*hist)[(size_t{h} * 2 + is_delta) * bins];
+      for (uint32_t d = 0; d < D; ++d, ++c) ++hh[std::min<size_t>(sym[c], bins - 1)];
+    }
   });
 }
 

@@ -68,8 +68,10 @@ class SectionAnalysis {
   void Encode(float step, bool use_delta, std::vector<uint8_t>* out, uint32_t* side_bytes) const;
 
   // Symbol counts per (head, anchor|delta stream) at `step`: hist[(h * 2 +
-  // kind) * bins + min(symbol, bins - 1)] (profile training).
-  void Histograms(float step, bool use_delta, size_t bins, std::vector<uint64_t>* hist) const;
+  // kind) * bins + min(symbol, bins - 1)], over one token group in
+  // `sample_every` (size estimates, profile training).
+  void Histograms(float step, bool use_delta, size_t bins, std::vector<uint64_t>* hist,
+                  uint32_t sample_every = 1) const;
 
  private:
   template <bool kNeedRec, typename Visit>
