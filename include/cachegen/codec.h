@@ -46,11 +46,14 @@ struct RopeConfig {
 
 class Profile;  // cachegen/profile.h
 
+// The `cachegen` codec's rate when no target is set (bits per value).
+inline constexpr double kDefaultBitsPerValue = 2.0;
+
 struct CodecConfig {
   std::string codec = "cachegen";
 
   // Rate control for the `cachegen` codec: exactly one target may be set
-  // (> 0). With none set, bits_per_value = 2.0 is used. Levels below the first
+  // (> 0). With none set, bits_per_value = kDefaultBitsPerValue is used. Levels below the first
   // follow the rule in docs/FORMAT.md ("The cachegen codec", encoder choices).
   double bits_per_value = 0;  // average bits per value, all side information included
   double snr_db = 0;          // per-layer signal-to-noise ratio of K and V

@@ -66,6 +66,41 @@ TEST(LlamaEvalTest, RandomModelOneWindow) {
   EXPECT_GT(rep->ppl_exact, 1.0);
 }
 
+// With several levels, each level is a row of its own; level 0 is the frame a
+// one-level encode writes (same quality), coarser levels cost fewer bits.
+TEST(LlamaEvalTest, LevelsGiveOneRowEachLevelZeroAsOneLevel) {
+  const std::string path = ::testing::TempDir() + "/cachegen_eval3_" + std::to_string(::getpid()) + ".gguf";
+  ASSERT_TRUE(WriteRandomModel(*RandomModelPreset("tiny"), path).ok());
+  EvalOptions o;
+  o.model_path = path;
+  o.text = Text();
+  o.codecs = {"cachegen"};
+  o.bits = {3};
+  o.context = 32;
+  o.continuation = 8;
+  o.greedy = 2;
+  o.windows = 1;
+  o.threads = 1;
+  auto one = RunEval(o);
+  o.levels = 3;
+  auto three = RunEval(o);
+  std::filesystem::remove(path);
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  ASSERT_TRUE(three.ok()) << three.status().ToString();
+  ASSERT_EQ(one->rows.size(), 1u);
+  ASSERT_EQ(three->rows.size(), 3u);
+  for (uint32_t l = 0; l < 3; ++l) {
+    EXPECT_EQ(three->rows[l].level, l);
+    EXPECT_EQ(three->rows[l].setting, "bits=3 level=" + std::to_string(l));
+  }
+  EXPECT_EQ(three->rows[0].ppl, one->rows[0].ppl);
+  EXPECT_EQ(three->rows[0].kl, one->rows[0].kl);
+  EXPECT_GT(three->rows[0].bits_per_value, three->rows[1].bits_per_value);
+  EXPECT_GT(three->rows[1].bits_per_value, three->rows[2].bits_per_value);
+  // A level's bits count its own frames, not the whole container.
+  EXPECT_LT(three->rows[0].bits_per_value, one->rows[0].bits_per_value * 1.01);
+}
+
 TEST(LlamaEvalTest, RejectsUnknownCodecAndShortText) {
   const std::string path = ::testing::TempDir() + "/cachegen_eval2_" + std::to_string(::getpid()) + ".gguf";
   ASSERT_TRUE(WriteRandomModel(*RandomModelPreset("tiny"), path).ok());

@@ -20,9 +20,11 @@
 
 #include "cachegen/cli.h"
 #include "cachegen/command.h"
+#include "cachegen/llama_defaults.h"
 #include "cachegen/service.h"
 #include "cachegen/store.h"
 #include "engine/llama/completion_engine.h"
+#include "engine/llama/eval.h"
 #include "engine/llama/random_model.h"
 #include "kv/io.h"
 
@@ -38,6 +40,10 @@ struct BenchTtftArgs {
   std::string modes = "prefill,f16,q8,cachegen,adaptive";
   uint32_t reps = 3, prefill_reps = 1, warmup = 1, chunk_tokens = 256, threads = 0, threads_batch = 0;
   double ttft_target_ms = 0;  // adaptive: 0 = derived per link from the cachegen mode (see kRegistered)
+  // Quality of what the modes load, by a trained model (default kSharedModel
+  // when present; "none": no quality table).
+  std::string quality_model, quality_text;
+  uint32_t quality_windows = 8;
   bool json = false;
 };
 
@@ -185,6 +191,72 @@ struct ModeRun {
   Samples samples;
   double target_ms = 0;
 };
+
+// The timing model's weights are random, so its outputs say nothing about
+// what a codec costs in quality: a trained model judges the modes' codec
+// settings instead (eval harness windows; keys RoPE-undone as llama-serve
+// codes them; cachegen at every stored level, since the adaptive mode mixes
+// them). Empty report when there is no trained model.
+Result<std::optional<engine::EvalReport>> MeasureQuality(const BenchTtftArgs& a, const std::vector<ModeSpec>& modes) {
+  std::string model = a.quality_model, text = a.quality_text;
+  if (model == "none") return std::optional<engine::EvalReport>();
+  if (model.empty() && !std::filesystem::exists(kSharedModel)) {
+    std::fprintf(stderr, "bench-ttft: no --quality-model and no %s: no quality table\n", kSharedModel);
+    return std::optional<engine::EvalReport>();
+  }
+  if (model.empty()) model = kSharedModel;
+  if (text.empty()) text = kSharedText;
+  Result<std::vector<uint8_t>> bytes = ReadFileBytes(text);
+  if (!bytes.ok()) return bytes.status();
+  engine::EvalOptions o;
+  o.model_path = model;
+  o.text.assign(bytes->begin(), bytes->end());
+  o.windows = a.quality_windows;
+  o.threads = a.threads_batch ? a.threads_batch : a.threads;
+  o.codec.chunk_tokens = a.chunk_tokens;
+  o.bits = {kDefaultBitsPerValue};
+  for (const ModeSpec& m : modes) {
+    if (m.codec.empty() || std::find(o.codecs.begin(), o.codecs.end(), m.codec) != o.codecs.end()) continue;
+    o.codecs.push_back(m.codec);
+    if (m.codec == "cachegen") o.levels = m.levels;
+  }
+  if (o.codecs.empty()) return std::optional<engine::EvalReport>();
+  std::fprintf(stderr, "bench-ttft: quality of %s on %s\n", a.modes.c_str(), model.c_str());
+  Result<engine::EvalReport> rep = engine::RunEval(o);
+  if (!rep.ok()) return rep.status();
+  return std::optional<engine::EvalReport>(std::move(*rep));
+}
+
+// Which modes load a quality row's data.
+std::string LoadedBy(const engine::EvalRow& r) {
+  if (r.codec == "fp16") return "f16";
+  if (r.codec != "cachegen") return r.codec;
+  return r.level == 0 ? "cachegen,adaptive" : "adaptive";
+}
+
+// Prints the quality table (unless json) and returns it as JSON (null without one).
+nlohmann::json QualityTable(const std::optional<engine::EvalReport>& q, bool json) {
+  if (!q) return nullptr;
+  nlohmann::json rows = nlohmann::json::array();
+  if (!json)
+    std::printf("\nquality by %s (trained model): %u windows of %u context + %u scored tokens, exact PPL %.4f\n"
+                "%-18s %-22s %6s %10s %8s %10s %6s %7s\n",
+                std::filesystem::path(q->model).filename().c_str(), q->windows, q->context, q->continuation,
+                q->ppl_exact, "loaded_by", "setting", "level", "bits/value", "dPPL%", "KL", "top1", "greedy");
+  for (const engine::EvalRow& r : q->rows) {
+    if (json)
+      rows.push_back({{"loaded_by", LoadedBy(r)}, {"codec", r.codec}, {"setting", r.setting}, {"level", r.level},
+                      {"bits_per_value", r.bits_per_value}, {"ratio_vs_fp16", r.ratio_vs_fp16},
+                      {"delta_ppl_pct", r.delta_ppl_pct}, {"kl", r.kl}, {"top1_agreement", r.top1_agreement},
+                      {"greedy_match", r.greedy_match}});
+    else
+      std::printf("%-18s %-22s %6u %10.3f %8.2f %10.2e %6.3f %7.3f\n", LoadedBy(r).c_str(),
+                  (r.codec + " " + r.setting).c_str(), r.level, r.bits_per_value, r.delta_ppl_pct, r.kl,
+                  r.top1_agreement, r.greedy_match);
+  }
+  return {{"model", q->model}, {"windows", q->windows}, {"context", q->context},
+          {"continuation", q->continuation}, {"ppl_exact", q->ppl_exact}, {"rows", rows}};
+}
 
 int RunBenchTtft(BenchTtftArgs a) {
   std::vector<uint32_t> contexts;
@@ -343,6 +415,9 @@ int RunBenchTtft(BenchTtftArgs a) {
     }
   }
 
+  Result<std::optional<engine::EvalReport>> quality = MeasureQuality(a, modes);
+  if (!quality.ok()) return Fail(quality.status());
+
   auto find = [&](uint32_t n, const std::string& link, const std::string& mode) -> const Row* {
     for (const Row& r : rows)
       if (r.tokens == n && r.link == link && r.mode == mode) return &r;
@@ -372,6 +447,7 @@ int RunBenchTtft(BenchTtftArgs a) {
                   r.target_ms, r.target_met, vs_pre, vs_f16);
     }
   }
+  nlohmann::json jquality = QualityTable(*quality, a.json);
   if (a.json)
     std::puts(nlohmann::json({{"model", a.model},
                               {"layers", mi.layers},
@@ -381,7 +457,8 @@ int RunBenchTtft(BenchTtftArgs a) {
                               {"weights", a.weights},
                               {"reps", a.reps},
                               {"warmup", a.warmup},
-                              {"rows", jrows}})
+                              {"rows", jrows},
+                              {"quality", jquality}})
                   .dump(2)
                   .c_str());
   return 0;
@@ -414,6 +491,14 @@ const bool kRegistered = RegisterCommand(51, [](CLI::App& root) -> CommandRunner
   sub->add_option("--ttft-target-ms", a->ttft_target_ms,
                   "Adaptive mode's TTFT target (0: per link, the cachegen mode's median TTFT less half its median "
                   "transfer time)");
+  sub->add_option("--quality-model", a->quality_model,
+                  std::string("Trained GGUF that judges the modes' quality (default: ") + kSharedModel +
+                      " when present; none: no quality table)");
+  sub->add_option("--quality-text", a->quality_text, std::string("Text for the quality windows (default: ") +
+                                                         kSharedText + ")");
+  sub->add_option("--quality-windows", a->quality_windows, "Windows of 384 + 128 tokens for the quality table")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
   sub->add_flag("--json", a->json, "Print one JSON object");
   return [sub, a]() -> std::optional<int> {
     if (!*sub) return std::nullopt;

@@ -16,14 +16,12 @@
 
 #include "cachegen/cli.h"
 #include "cachegen/command.h"
+#include "cachegen/llama_defaults.h"
 #include "engine/llama/eval.h"
-#include "engine/llama/random_model.h"
 
 namespace cachegen::cli {
 namespace {
 
-constexpr const char* kDefaultModel = "../shared/models/stories260K.gguf";
-constexpr const char* kDefaultText = "../shared/data/tinystories/dev.txt";
 constexpr const char* kDefaultCodecs = "cachegen,cachegen-ref,fp16,q8,q4,kivi2,kivi4,llama-q8_0,llama-q4_0";
 
 // Used when no --text is given and ../shared is absent (random-weight models:
@@ -36,7 +34,7 @@ constexpr const char* kFallbackText =
 
 struct EvalArgs {
   std::string model, text, codecs = kDefaultCodecs, bits = "1,1.5,2,3,4";
-  uint32_t context = 384, continuation = 128, windows = 16, greedy = 32, threads = 0;
+  uint32_t context = 384, continuation = 128, windows = 16, greedy = 32, threads = 0, levels = 1;
   std::string cache_type = "f16";
   int flash_attn = -1;
   bool json = false, quiet = false, rope = true;
@@ -89,31 +87,19 @@ nlohmann::json Num(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlo
 int RunEval(EvalArgs a) {
   engine::EvalOptions o;
   std::string note;
-  std::string random_model;
   if (a.model.empty()) {
-    if (std::filesystem::exists(kDefaultModel)) {
-      a.model = kDefaultModel;
-    } else {
-      // No trained model here: a random-weight one of production head shape.
-      random_model = std::filesystem::temp_directory_path() / ("cachegen_eval_random_" + std::to_string(::getpid()) +
-                                                               ".gguf");
-      auto shape = engine::RandomModelPreset("tiny");
-      auto w = engine::WriteRandomModel(*shape, random_model);
-      if (!w.ok()) return Fail(w.status());
-      a.model = random_model;
-      note = "no --model and no " + std::string(kDefaultModel) +
-             ": using a random-weight model (make-model --shape tiny); its quality numbers mean nothing";
-      std::fprintf(stderr, "cachegen eval: %s\n", note.c_str());
-    }
+    Result<std::string> path = DefaultModelPath("eval", &note);
+    if (!path.ok()) return Fail(path.status());
+    a.model = *path;
   }
   if (a.text.empty()) {
-    if (std::filesystem::exists(kDefaultText)) {
-      a.text = kDefaultText;
+    if (std::filesystem::exists(kSharedText)) {
+      a.text = kSharedText;
     } else {
       std::string t;
       while (t.size() < 40000) t += kFallbackText;
       o.text = t;
-      std::fprintf(stderr, "cachegen eval: no --text and no %s: using a built-in text\n", kDefaultText);
+      std::fprintf(stderr, "cachegen eval: no --text and no %s: using a built-in text\n", kSharedText);
     }
   }
   if (!a.text.empty()) {
@@ -132,6 +118,7 @@ int RunEval(EvalArgs a) {
   o.context = a.context;
   o.continuation = a.continuation;
   o.windows = a.windows;
+  o.levels = a.levels;
   o.greedy = a.greedy;
   o.cache_type = a.cache_type;
   o.flash_attn = a.flash_attn;
@@ -145,7 +132,6 @@ int RunEval(EvalArgs a) {
   }
   if (!a.quiet) o.progress = [](const std::string& m) { std::fprintf(stderr, "cachegen eval: %s\n", m.c_str()); };
   auto rep = engine::RunEval(o);
-  if (!random_model.empty()) std::filesystem::remove(random_model);
   if (!rep.ok()) return Fail(rep.status());
 
   if (!a.plot.empty()) {
@@ -208,14 +194,18 @@ const bool kRegistered = RegisterCommand(50, [](CLI::App& root) -> CommandRunner
   CLI::App* sub = root.add_subcommand(
       "eval", "Rate-quality of every codec on a llama.cpp model's own KV cache (PPL, KL, top-1, greedy match)");
   sub->add_option("--model", a->model,
-                  std::string("GGUF model (default: ") + kDefaultModel + ", else a generated random-weight model)");
+                  std::string("GGUF model (default: ") + kSharedModel + ", else a generated random-weight model)");
   sub->add_option("--text", a->text, std::string("Text, stories separated by <|endoftext|> lines (default: ") +
-                                         kDefaultText + ")");
+                                         kSharedText + ")");
   sub->add_option("--codecs", a->codecs,
                   "Codecs: cachegen, cachegen-ref, fp16, "
                   "fp16-zstd, q8, q4, kivi2, kivi4, llama-q8_0, llama-q4_0 (llama.cpp's own cache types)")
       ->capture_default_str();
   sub->add_option("--bits", a->bits, "Rates (bits/value) for cachegen")->capture_default_str();
+  sub->add_option("--levels", a->levels,
+                  "cachegen quality levels per chunk (as stored for streaming); > 1: a row per level")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 8));
   sub->add_flag("--rope,!--no-rope", a->rope,
                 "cachegen: undo the model's RoPE on keys before coding, redo it on decode (default on)")
       ->capture_default_str();

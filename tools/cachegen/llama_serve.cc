@@ -1,17 +1,16 @@
 // cachegen llama-serve: an OpenAI-compatible completion server on llama.cpp
 // whose long prompts load their KV prefix from a cachegen store.
 #include <csignal>
-#include <filesystem>
 #include <cstdio>
 #include <memory>
 #include <string>
 
 #include "cachegen/cli.h"
 #include "cachegen/command.h"
+#include "cachegen/llama_defaults.h"
 #include "cachegen/service.h"
 #include "cachegen/store.h"
 #include "engine/llama/completion_engine.h"
-#include "engine/llama/random_model.h"
 #include "kv/io.h"
 #include "serve/completion_server.h"
 
@@ -35,22 +34,6 @@ Result<std::pair<std::string, int>> ParseListen(const std::string& s) {
   return std::make_pair(s.substr(0, colon), std::stoi(port));
 }
 
-// The shared stories260K when present; otherwise a random-weight tiny model
-// (made once, at a fixed path so chunk keys stay valid across restarts).
-Result<std::string> DefaultModelPath() {
-  for (const char* p : {"../shared/models/stories260K.gguf"})
-    if (std::filesystem::exists(p)) return std::string(p);
-  const std::string path = (std::filesystem::temp_directory_path() / "cachegen-random-tiny.gguf").string();
-  std::fprintf(stderr, "cachegen llama-serve: no --model and no ../shared/models/stories260K.gguf: using a "
-               "random-weight model %s (its text means nothing)\n", path.c_str());
-  if (std::filesystem::exists(path)) return path;
-  Result<engine::RandomModelShape> shape = engine::RandomModelPreset("tiny");
-  if (!shape.ok()) return shape.status();
-  Result<uint64_t> w = engine::WriteRandomModel(*shape, path);
-  if (!w.ok()) return w.status();
-  return path;
-}
-
 Result<std::unique_ptr<ChunkStore>> OpenCache(const LlamaServeArgs& a) {
   if (!a.cache_server.empty()) {
     ClientOptions co;
@@ -69,7 +52,7 @@ int RunLlamaServe(LlamaServeArgs a) {
   Result<std::pair<std::string, int>> listen = ParseListen(a.listen);
   if (!listen.ok()) return Fail(listen.status());
   if (a.model.empty()) {
-    Result<std::string> path = DefaultModelPath();
+    Result<std::string> path = DefaultModelPath("llama-serve");
     if (!path.ok()) return Fail(path.status());
     a.model = *path;
   }
@@ -117,7 +100,7 @@ const bool kRegistered = RegisterCommand(50, [](CLI::App& root) -> CommandRunner
   a->engine.codec.levels = 4;
   CLI::App* sub = root.add_subcommand(
       "llama-serve", "OpenAI-compatible llama.cpp server whose prompts' KV prefixes load from a cachegen store");
-  sub->add_option("--model", a->model, "GGUF model (default: ../shared/models/stories260K.gguf, else a random-weight tiny model)");
+  sub->add_option("--model", a->model, std::string("GGUF model (default: ") + kSharedModel + ", else a random-weight tiny model)");
   auto* st = sub->add_option("--store", a->store_uri, "Chunk store URI (file:///dir, mem://, redis://host:port, ...)");
   auto* cs = sub->add_option("--cache-server", a->cache_server, "A cachegen serve URL (http://host:port) instead");
   st->excludes(cs);

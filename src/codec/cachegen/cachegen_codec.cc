@@ -267,7 +267,7 @@ class CacheGenCodec final : public Codec {
       });
     }
     const double target = cfg.level_bits.empty()
-                              ? (cfg.bits_per_value > 0 ? cfg.bits_per_value : 2.0) * std::pow(kLevelBitsRatio, level)
+                              ? (cfg.bits_per_value > 0 ? cfg.bits_per_value : kDefaultBitsPerValue) * std::pow(kLevelBitsRatio, level)
                               : cfg.level_bits[level];
     return StepsForBits(a, s, cfg, target, steps, deltas);
   }

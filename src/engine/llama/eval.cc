@@ -86,7 +86,17 @@ struct RowSpec {
   std::string codec, setting;
   std::string engine_type;  // llama-q8_0 -> "q8_0"
   CodecConfig cfg;
+  uint32_t level = 0;  // decoded level (cfg.levels > 1)
 };
+
+// Bytes a load of one level moves: the whole container when it has one level
+// (headers included), else that level's frames.
+uint64_t LevelBytes(const ContainerInfo& info, uint32_t level, uint64_t container_bytes) {
+  if (info.levels <= 1) return container_bytes;
+  uint64_t n = 0;
+  for (const ChunkEntry& c : info.chunks) n += c.frame_size[level];
+  return n;
+}
 
 }  // namespace
 
@@ -147,9 +157,13 @@ Result<EvalReport> RunEval(const EvalOptions& o) {
     cfg.bits_per_value = 0;
     if (codec == "cachegen") {
       if (o.bits.empty()) return Status::InvalidArgument("no --bits for " + c);
+      cfg.levels = std::max(1u, o.levels);
       for (double b : o.bits) {
         cfg.bits_per_value = b;
-        specs.push_back({c, fmt::format("bits={:g}{}{}", b, o.rope ? "" : " no-rope", o.codec.profile ? " profile" : ""), "", cfg});
+        const std::string setting =
+            fmt::format("bits={:g}{}{}", b, o.rope ? "" : " no-rope", o.codec.profile ? " profile" : "");
+        for (uint32_t level = 0; level < cfg.levels; ++level)
+          specs.push_back({c, cfg.levels > 1 ? fmt::format("{} level={}", setting, level) : setting, "", cfg, level});
       }
     } else {
       specs.push_back({c, "default", "", cfg});
@@ -233,9 +247,10 @@ Result<EvalReport> RunEval(const EvalOptions& o) {
         acc[r].encode_s += Since(te);
         auto td = Clock::now();
         CG_ASSIGN_OR_RETURN(auto dec, Decoder::Open(bytes));
-        CG_ASSIGN_OR_RETURN(KVTensor out, dec.Decode(cap.kv.dtype()));
+        CG_ASSIGN_OR_RETURN(KVTensor out, dec.Decode(cap.kv.dtype(), sp.level));
         acc[r].decode_s += Since(td);
-        acc[r].bits += static_cast<double>(bytes.size()) * 8.0 / static_cast<double>(values);
+        acc[r].bits += static_cast<double>(LevelBytes(dec.info(), sp.level, bytes.size())) * 8.0 /
+                       static_cast<double>(values);
         CG_RETURN_IF_ERROR(dst->Inject(0, out.view(), cap.positions));
         CG_RETURN_IF_ERROR(Score(*dst, w, N, M, G, &got));
       }
@@ -250,6 +265,7 @@ Result<EvalReport> RunEval(const EvalOptions& o) {
     EvalRow row;
     row.codec = specs[r].codec;
     row.setting = specs[r].setting;
+    row.level = specs[r].level;
     row.bits_per_value = a.bits / static_cast<double>(a.windows);
     row.ratio_vs_fp16 = 16.0 / row.bits_per_value;
     row.ppl = std::exp(a.nll / static_cast<double>(a.scored));

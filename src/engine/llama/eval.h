@@ -29,6 +29,10 @@ struct EvalOptions {
   // Codec names (CodecNames()) and "llama-q8_0", "llama-q4_0".
   std::vector<std::string> codecs;
   std::vector<double> bits;  // rates of the rate-controlled codec (cachegen)
+  // cachegen: quality levels per chunk. With more than one, each rate gives a
+  // row per level ("bits=B level=K"), decoded at that level; its bits/value
+  // count that level's frames only.
+  uint32_t levels = 1;
   // RoPE-aware keys for the cachegen codec with the model's parameters
   // (CodecRope); false codes keys as cached (post-RoPE).
   bool rope = true;
@@ -42,6 +46,7 @@ struct EvalOptions {
 
 struct EvalRow {
   std::string codec, setting;
+  uint32_t level = 0;  // the decoded quality level (EvalOptions::levels)
   double bits_per_value = 0, ratio_vs_fp16 = 0;
   double ppl = 0, delta_ppl_pct = 0, kl = 0, top1_agreement = 0, greedy_match = 0;
   double encode_s = 0, decode_s = 0;  // totals over windows

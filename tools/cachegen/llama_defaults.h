@@ -1,0 +1,21 @@
+// Defaults of the llama.cpp commands (eval, llama-serve, bench-ttft): the
+// shared trained model and text when the checkout sits next to them, and
+// otherwise something that still runs.
+#pragma once
+
+#include <string>
+
+#include "cachegen/status.h"
+
+namespace cachegen::cli {
+
+inline constexpr const char* kSharedModel = "../shared/models/stories260K.gguf";
+inline constexpr const char* kSharedText = "../shared/data/tinystories/dev.txt";
+
+// kSharedModel when it exists. Otherwise a random-weight tiny model (written
+// once, at a fixed path in the temp directory, so that chunk keys rooted in
+// the model file stay valid across runs); then `*note` (when given) says so,
+// and the same line goes to stderr prefixed by "cachegen <tool>: ".
+Result<std::string> DefaultModelPath(const std::string& tool, std::string* note = nullptr);
+
+}  // namespace cachegen::cli
