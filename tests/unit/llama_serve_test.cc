@@ -98,6 +98,28 @@ TEST_F(LlamaServeTest, AMissingChunkEndsTheCachedPrefixAndTheRestIsRecomputed) {
   EXPECT_EQ(second->text, first->text);
 }
 
+// A chunk that is found but cannot be decoded is recomputed from its text in
+// place, and the chunks after it are still injected (not prefilled).
+TEST_F(LlamaServeTest, AnUndecodableChunkIsRecomputedAndTheChunksAfterItStillLoad) {
+  auto engine = Engine("fp16", 1);
+  ASSERT_TRUE(engine);
+  auto first = engine->Complete(0, Request(), Ignore);
+  ASSERT_TRUE(first.ok());
+  engine->FlushStores();
+  auto tokens = engine->PromptTokens(Request());
+  ASSERT_TRUE(tokens.ok());
+  const std::vector<ChunkKey> keys = ChunkKeys(engine->chain_root(), *tokens, 64);
+  ASSERT_GT(keys.size(), 3u);
+  const uint32_t cacheable = static_cast<uint32_t>((tokens->size() - 1) / 64) * 64;
+  const std::vector<uint8_t> junk(300, 0xab);
+  ASSERT_TRUE(store_->Put(keys[1], 0, junk).ok());
+  auto second = engine->Complete(0, Request(), Ignore);
+  ASSERT_TRUE(second.ok()) << second.status().message();
+  EXPECT_EQ(second->timings.cached_tokens, cacheable - 64);
+  EXPECT_EQ(second->timings.recomputed_tokens, tokens->size() - (cacheable - 64));
+  EXPECT_EQ(second->text, first->text);
+}
+
 TEST_F(LlamaServeTest, LossyChunksLoadAndGenerate) {
   auto engine = Engine("cachegen", 2);
   ASSERT_TRUE(engine);

@@ -254,10 +254,11 @@ Result<PrefillResult> LlamaCompletionEngine::Prefill(uint32_t slot, std::span<co
   const uint32_t T = options_.codec.chunk_tokens;
   const uint32_t cacheable = static_cast<uint32_t>((tokens.size() - 1) / T);  // whole chunks before the last token
 
-  uint32_t prefix = 0;  // tokens whose KV was injected contiguously from token 0
+  uint32_t prefix = 0;    // tokens in the sequence, contiguous from token 0
+  uint32_t injected = 0;  // of them, the tokens whose KV came from the store
+  double gap_ms = 0;      // evaluating chunks that were not delivered
   if (store_ && cacheable > 0) {
     Status inject_status;
-    bool gap = false;  // a chunk was not delivered: the ones after it cannot be injected yet
     StreamOptions so;
     // The TTFT target less what follows the transfer (the uncached tail's
     // evaluation) is the stream's deadline.
@@ -279,14 +280,26 @@ Result<PrefillResult> LlamaCompletionEngine::Prefill(uint32_t slot, std::span<co
     Result<StreamResult> r = client.FetchTokens(
         root_, tokens.first(cacheable * T), T, so, [&](const StreamedChunk& c) {
           t.levels.push_back(c.level);
-          if (gap || !inject_status.ok() || c.index * T != prefix) {
-            gap = true;
-            return;
+          if (!inject_status.ok()) return;
+          const uint32_t start = c.index * T;
+          if (start > prefix) {
+            // The chunks before this one were not delivered (failed, or sent
+            // back for recompute). llama.cpp refuses position gaps, so their
+            // text is evaluated now, while later chunks are still in flight,
+            // and this chunk and the ones after it are still injected.
+            const auto g0 = Clock::now();
+            inject_status = ctx.Eval(tokens.subspan(prefix, start - prefix), static_cast<int32_t>(prefix));
+            gap_ms += MsSince(g0);
+            if (!inject_status.ok()) return;
+            prefix = start;
           }
           const auto i0 = Clock::now();
           inject_status = ctx.Append(0, kScratchSeq, c.kv->view(), static_cast<int32_t>(prefix));
           t.inject_ms += MsSince(i0);
-          if (inject_status.ok()) prefix += T;
+          if (inject_status.ok()) {
+            prefix += T;
+            injected += T;
+          }
         });
     if (!r.ok()) return r.status();
     if (!inject_status.ok()) return inject_status;
@@ -297,15 +310,15 @@ Result<PrefillResult> LlamaCompletionEngine::Prefill(uint32_t slot, std::span<co
     t.transfer_bytes = r->bytes;
     out.recompute_chunks = r->recompute;
   }
-  t.cached_tokens = prefix;
-  t.recomputed_tokens = t.prompt_tokens - prefix;
+  t.cached_tokens = injected;
+  t.recomputed_tokens = t.prompt_tokens - injected;
   const auto p0 = Clock::now();
   Status st = ctx.Eval(tokens.subspan(prefix), static_cast<int32_t>(prefix));
-  t.prefill_ms = MsSince(p0);
+  t.prefill_ms = gap_ms + MsSince(p0);
   if (!st.ok()) return st;
 
   const uint32_t whole = static_cast<uint32_t>(tokens.size() / T);
-  if (store_ && options_.store_new_chunks && whole > prefix / T) {
+  if (store_ && options_.store_new_chunks && whole * T > injected) {
     Result<CapturedKV> cap = ctx.Capture(0);
     if (cap.ok()) EnqueueStore(std::vector<int32_t>(tokens.begin(), tokens.begin() + whole * T), std::move(*cap));
   }
