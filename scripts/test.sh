@@ -139,7 +139,11 @@ fp16 = [r for r in d["rows"] if r["codec"] == "fp16"][0]
 assert fp16["delta_ppl_pct"] == 0 and fp16["kl"] == 0, fp16
 print("eval json ok:", len(d["rows"]), "rows")' "$tmp/eval.json"
   test -s "$tmp/eval.png"
+  build/cachegen demo --windows 1 >"$tmp/demo.txt"
+  grep -q '^    restored KV: ' "$tmp/demo.txt" && grep -q 'smaller than f16' "$tmp/demo.txt"
+  echo "model demo ok"
 fi
+build/cachegen demo --synthetic 2,2,64,64 >/dev/null
 
 if [ "$failed_total" -eq 0 ]; then
   echo "tests: ${passed_total} passed, 0 failed"

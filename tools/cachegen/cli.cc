@@ -19,11 +19,19 @@ std::function<Result<ModelKeyFacts>(const std::string&)>& ModelReader() {
   static std::function<Result<ModelKeyFacts>(const std::string&)> reader;
   return reader;
 }
+std::function<int(const ModelDemoArgs&)>& ModelDemoSlot() {
+  static std::function<int(const ModelDemoArgs&)> demo;
+  return demo;
+}
 }  // namespace
 
 void SetModelReader(std::function<Result<ModelKeyFacts>(const std::string&)> reader) {
   ModelReader() = std::move(reader);
 }
+
+const std::function<int(const ModelDemoArgs&)>& ModelDemo() { return ModelDemoSlot(); }
+
+void SetModelDemo(std::function<int(const ModelDemoArgs&)> demo) { ModelDemoSlot() = std::move(demo); }
 
 Result<ModelKeyFacts> ReadModelKeyFacts(const std::string& gguf) {
   if (!ModelReader()) return Status::Unsupported("--model needs a build with llama.cpp (or give --rope ...)");

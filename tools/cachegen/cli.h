@@ -42,6 +42,15 @@ struct ModelKeyFacts {
 void SetModelReader(std::function<Result<ModelKeyFacts>(const std::string&)> reader);
 Result<ModelKeyFacts> ReadModelKeyFacts(const std::string& gguf);
 
+// `cachegen demo` on a real model (set by the llama.cpp tools at start-up):
+// returns the exit code. Empty in builds without llama.cpp.
+struct ModelDemoArgs {
+  std::string model, text;
+  uint32_t windows = 4;
+};
+void SetModelDemo(std::function<int(const ModelDemoArgs&)> demo);
+const std::function<int(const ModelDemoArgs&)>& ModelDemo();
+
 // Prints "cachegen: error: <message>" on stderr and returns the failure exit code (1).
 int Fail(const Status& st);
 

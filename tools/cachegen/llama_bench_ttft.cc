@@ -198,19 +198,18 @@ struct ModeRun {
 // codes them; cachegen at every stored level, since the adaptive mode mixes
 // them). Empty report when there is no trained model.
 Result<std::optional<engine::EvalReport>> MeasureQuality(const BenchTtftArgs& a, const std::vector<ModeSpec>& modes) {
-  std::string model = a.quality_model, text = a.quality_text;
+  std::string model = a.quality_model;
   if (model == "none") return std::optional<engine::EvalReport>();
   if (model.empty() && !std::filesystem::exists(kSharedModel)) {
     std::fprintf(stderr, "bench-ttft: no --quality-model and no %s: no quality table\n", kSharedModel);
     return std::optional<engine::EvalReport>();
   }
   if (model.empty()) model = kSharedModel;
-  if (text.empty()) text = kSharedText;
-  Result<std::vector<uint8_t>> bytes = ReadFileBytes(text);
-  if (!bytes.ok()) return bytes.status();
+  Result<std::string> text = TextOrDefault("bench-ttft", a.quality_text);
+  if (!text.ok()) return text.status();
   engine::EvalOptions o;
   o.model_path = model;
-  o.text.assign(bytes->begin(), bytes->end());
+  o.text = std::move(*text);
   o.windows = a.quality_windows;
   o.threads = a.threads_batch ? a.threads_batch : a.threads;
   o.codec.chunk_tokens = a.chunk_tokens;

@@ -6,8 +6,34 @@
 #include <unistd.h>
 
 #include "engine/llama/random_model.h"
+#include "kv/io.h"
 
 namespace cachegen::cli {
+namespace {
+
+// Without ../shared (random-weight models: only speed and shape handling are
+// measured, and any text will do).
+constexpr const char* kFallbackStory =
+    "Once upon a time there was a small robot who lived in a quiet town by the sea. Every morning it walked to the "
+    "harbour, counted the boats and wrote their names in a notebook. One day a boat came in that had no name at "
+    "all. The robot thought for a long time, then painted a name on its side, and the fishermen laughed and "
+    "cheered. From then on the robot named every new boat, and the town grew fond of its careful handwriting. ";
+
+}  // namespace
+
+Result<std::string> TextOrDefault(const std::string& tool, const std::string& path) {
+  std::string file = path;
+  if (file.empty() && std::filesystem::exists(kSharedText)) file = kSharedText;
+  if (file.empty()) {
+    std::fprintf(stderr, "cachegen %s: no --text and no %s: using a built-in text\n", tool.c_str(), kSharedText);
+    std::string t;
+    while (t.size() < 40000) t += kFallbackStory;
+    return t;
+  }
+  Result<std::vector<uint8_t>> bytes = ReadFileBytes(file);
+  if (!bytes.ok()) return Status::NotFound("cannot read text '" + file + "': " + bytes.status().message());
+  return std::string(bytes->begin(), bytes->end());
+}
 
 Result<std::string> DefaultModelPath(const std::string& tool, std::string* note) {
   if (std::filesystem::exists(kSharedModel)) return std::string(kSharedModel);

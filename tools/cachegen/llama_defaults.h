@@ -18,4 +18,8 @@ inline constexpr const char* kSharedText = "../shared/data/tinystories/dev.txt";
 // and the same line goes to stderr prefixed by "cachegen <tool>: ".
 Result<std::string> DefaultModelPath(const std::string& tool, std::string* note = nullptr);
 
+// The text of `path`; with none, kSharedText's when it exists, else a
+// built-in story repeated to about 40 KB (said on stderr as for the model).
+Result<std::string> TextOrDefault(const std::string& tool, const std::string& path);
+
 }  // namespace cachegen::cli

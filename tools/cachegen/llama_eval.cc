@@ -24,14 +24,6 @@ namespace {
 
 constexpr const char* kDefaultCodecs = "cachegen,cachegen-ref,fp16,q8,q4,kivi2,kivi4,llama-q8_0,llama-q4_0";
 
-// Used when no --text is given and ../shared is absent (random-weight models:
-// only speed and shape handling are measured, any text will do).
-constexpr const char* kFallbackText =
-    "Once upon a time there was a small robot who lived in a quiet town by the sea. Every morning it walked to the "
-    "harbour, counted the boats and wrote their names in a notebook. One day a boat came in that had no name at "
-    "all. The robot thought for a long time, then painted a name on its side, and the fishermen laughed and "
-    "cheered. From then on the robot named every new boat, and the town grew fond of its careful handwriting. ";
-
 struct EvalArgs {
   std::string model, text, codecs = kDefaultCodecs, bits = "1,1.5,2,3,4";
   uint32_t context = 384, continuation = 128, windows = 16, greedy = 32, threads = 0, levels = 1;
@@ -92,21 +84,9 @@ int RunEval(EvalArgs a) {
     if (!path.ok()) return Fail(path.status());
     a.model = *path;
   }
-  if (a.text.empty()) {
-    if (std::filesystem::exists(kSharedText)) {
-      a.text = kSharedText;
-    } else {
-      std::string t;
-      while (t.size() < 40000) t += kFallbackText;
-      o.text = t;
-      std::fprintf(stderr, "cachegen eval: no --text and no %s: using a built-in text\n", kSharedText);
-    }
-  }
-  if (!a.text.empty()) {
-    auto t = ReadText(a.text);
-    if (!t.ok()) return Fail(t.status());
-    o.text = std::move(t).value();
-  }
+  Result<std::string> text = TextOrDefault("eval", a.text);
+  if (!text.ok()) return Fail(text.status());
+  o.text = std::move(*text);
   o.model_path = a.model;
   o.codecs = SplitList(a.codecs);
   for (const auto& b : SplitList(a.bits)) {

@@ -261,10 +261,19 @@ int Main(int argc, char** argv) {
   bench->add_flag("--json", bo.json, "Print exactly one JSON object");
 
   CLI::App* demo = app.add_subcommand(
-      "demo", "Encode and decode a synthetic production-shaped KV cache (32 layers, 8 heads, 128 dims, 512 tokens) "
-              "with every codec and print the comparison");
+      "demo", "With llama.cpp: a trained model's KV compressed by the default codec and restored (size, dPPL, "
+              "generated text). With --synthetic, or without llama.cpp: every codec on a synthetic "
+              "production-shaped KV cache (32 layers, 8 heads, 128 dims, 512 tokens)");
   std::string demo_synth = "32,8,128,512,1";
-  demo->add_option("--synthetic", demo_synth, "Synthetic KV L,H,D,T[,seed]")->capture_default_str();
+  ModelDemoArgs demo_model;
+  CLI::Option* demo_synth_opt =
+      demo->add_option("--synthetic", demo_synth, "Synthetic KV L,H,D,T[,seed]: the codec table instead");
+  demo->add_option("--model", demo_model.model,
+                   "GGUF model (default: ../shared/models/stories260K.gguf, else a random-weight tiny model)");
+  demo->add_option("--text", demo_model.text, "Text (default: ../shared/data/tinystories/dev.txt, else built in)");
+  demo->add_option("--windows", demo_model.windows, "Text windows of 384 + 128 tokens")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
 
   const std::vector<CommandRunner> registered = AddRegisteredCommands(app);
 
@@ -294,6 +303,10 @@ int Main(int argc, char** argv) {
     return st.ok() ? 0 : Fail(st);
   }
   if (*demo) {
+    if (ModelDemo() && demo_synth_opt->count() == 0) return ModelDemo()(demo_model);
+    if (!demo_model.model.empty()) return Fail(Status::Unsupported("demo --model needs a build with llama.cpp"));
+    if (!ModelDemo())
+      std::printf("(built without llama.cpp: the model demo is not available; see README, \"llama.cpp and eval\")\n");
     const std::string name = "synthetic:" + demo_synth;
     Result<KVTensor> in = LoadInput(name);
     if (!in.ok()) return Fail(in.status());

@@ -214,6 +214,7 @@ Result<EvalReport> RunEval(const EvalOptions& o) {
   rep.greedy = G;
   rep.skipped = std::move(skipped);
   std::vector<Accum> acc(specs.size());
+  std::vector<std::string> samples(specs.size());
   Accum exact_acc;
   const auto t0 = Clock::now();
   for (size_t wi = 0; wi < windows.size(); ++wi) {
@@ -227,7 +228,11 @@ Result<EvalReport> RunEval(const EvalOptions& o) {
     CG_RETURN_IF_ERROR(dst->Inject(0, cap.kv.view(), cap.positions));
     CG_RETURN_IF_ERROR(Score(*dst, w, N, M, G, &exact));
     exact_acc.Add(exact, exact, w, N);
-    if (wi == 0) rep.sample_exact = model->Detokenize(exact.greedy);
+    if (wi == 0) {
+      rep.sample_exact = model->Detokenize(exact.greedy);
+      const uint32_t lead = std::min(N, 16u);
+      rep.sample_lead = model->Detokenize(std::span<const int32_t>(w).subspan(N - lead + 1, lead));
+    }
 
     for (size_t r = 0; r < specs.size(); ++r) {
       const RowSpec& sp = specs[r];
@@ -255,6 +260,7 @@ Result<EvalReport> RunEval(const EvalOptions& o) {
         CG_RETURN_IF_ERROR(Score(*dst, w, N, M, G, &got));
       }
       acc[r].Add(got, exact, w, N);
+      if (wi == 0) samples[r] = model->Detokenize(got.greedy);
     }
     say(fmt::format("window {}/{} done ({:.1f} s)", wi + 1, windows.size(), Since(t0)));
   }
@@ -275,6 +281,7 @@ Result<EvalReport> RunEval(const EvalOptions& o) {
     row.greedy_match = a.greedy_n ? a.greedy / static_cast<double>(a.greedy_n) : 1.0;
     row.encode_s = a.encode_s;
     row.decode_s = a.decode_s;
+    row.sample = std::move(samples[r]);
     rep.rows.push_back(row);
   }
   return rep;

@@ -50,6 +50,7 @@ struct EvalRow {
   double bits_per_value = 0, ratio_vs_fp16 = 0;
   double ppl = 0, delta_ppl_pct = 0, kl = 0, top1_agreement = 0, greedy_match = 0;
   double encode_s = 0, decode_s = 0;  // totals over windows
+  std::string sample;  // first window: the text generated greedily with this row's KV
 };
 
 struct EvalSkip {
@@ -63,8 +64,9 @@ struct EvalReport {
   double ppl_exact = 0;
   std::vector<EvalRow> rows;
   std::vector<EvalSkip> skipped;
-  // First window: the text generated greedily with the exact KV.
-  std::string sample_exact;
+  // First window: the text generated greedily with the exact KV, and the
+  // last tokens before it (the context's end and token N).
+  std::string sample_exact, sample_lead;
 };
 
 // Token windows of length context + continuation + 1, each starting at a story
