@@ -93,7 +93,15 @@ TEST(ServeProcess, KillDuringWriteBurstLeavesOnlyWholeChunks) {
         }
       }
     });
-  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  // Kill once the burst is under way: at least 40 acknowledged writes (a
+  // loaded machine can take longer than a fixed sleep), or after 20 s.
+  for (int waited_ms = 0; waited_ms < 20000; waited_ms += 10) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (acked.size() >= 40) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   kill(srv.pid, SIGKILL);
   waitpid(srv.pid, nullptr, 0);
   stop = true;
