@@ -61,8 +61,11 @@ size_t EncodeStreamWithTable(std::span<const uint32_t> symbols, const FreqTable&
 // as EstimateStreamBytes).
 uint64_t EstimateStreamBytesWithTable(std::span<const uint64_t> histogram, const FreqTable& table,
                                       const EncodeOptions& options = {});
-// Mode byte of a table-form stream.
-constexpr uint8_t kModeTable = 3;
+// Stream mode bytes (FORMAT.md "Symbol streams").
+constexpr uint8_t kModeEmpty = 0;     // no symbols; nothing follows
+constexpr uint8_t kModeConstant = 1;  // varint value; every symbol equals it
+constexpr uint8_t kModeRans = 2;      // table + lanes + escape area + payload
+constexpr uint8_t kModeTable = 3;     // as kModeRans with a table both sides know (not written)
 
 // Reads one stream of exactly out.size() symbols from in. Untrusted input:
 // any malformed table, payload or escape data is a kCorrupt Status.

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cachegen/codec.h"
+#include "codec/cachegen/section_coder.h"
 #include "codec/rans.h"
 #include "common/simd.h"
 
@@ -186,6 +187,108 @@ TEST_F(SimdParity, ContainersDecodeIdentically) {
       ASSERT_EQ(0, std::memcmp(scalar->data(), vec->data(), vec->size_bytes()))
           << c.shape.ToString() << " " << DTypeName(dt);
     }
+  }
+}
+
+// Decodes a section payload into f16 and f32 rows with SIMD on or off.
+struct SectionOut {
+  bool ok = false;
+  std::vector<uint8_t> f16;
+  std::vector<float> f32;
+};
+SectionOut DecodeSection(const SectionLayout& l, std::span<const uint8_t> payload, bool use_simd,
+                         KVPaging paging = {}) {
+  simd::SetEnabled(use_simd);
+  SectionOut o;
+  const KVShape shape{1, l.kv_heads, l.head_dim, l.tokens};
+  // Paged: room for whole pages.
+  const uint32_t rows = paging.page_tokens ? static_cast<uint32_t>(paging.page_offsets.size()) * paging.page_tokens
+                                           : l.tokens;
+  o.f16.assign(size_t{rows} * l.channels() * 2, 0xee);
+  o.f32.assign(size_t{l.tokens} * l.channels(), -1.0f);
+  const KVView v16(o.f16.data(), DType::kF16, shape, ContiguousStrides(shape), paging);
+  o.ok = DecodeCacheGenSection(l, payload, SectionSink{v16, 0, KV::kKey}).ok();
+  o.ok = DecodeCacheGenSection(l, payload, o.f32).ok() && o.ok;
+  simd::SetEnabled(true);
+  return o;
+}
+
+// Section payloads straight into the section decoder (no container
+// checksum in front): intact, with flipped bytes, and with a step so large
+// that values overflow to Inf and NaN. The AVX2 paths (the fused one among
+// them) and the scalar one must agree on the verdict and, where they accept,
+// on every output byte.
+TEST_F(SimdParity, SectionPayloadsDecodeIdentically) {
+  SectionLayout l;
+  l.tokens = 37;  // odd: the last delta group has no delta token
+  l.kv_heads = 5;  // with deltas: a batch of 4 heads and one of 1
+  l.head_dim = 32;
+  l.group_tokens = 2;
+  l.recent_begin = 29;  // a group straddles the finer recent step
+  l.recent_step_scale = 0.5f;
+  std::mt19937_64 rng(21);
+  std::vector<float> rows(size_t{l.tokens} * l.channels());
+  for (size_t i = 0; i < rows.size(); ++i)
+    rows[i] = static_cast<float>(static_cast<int64_t>(rng() % 2001) - 1000) / 400.0f + (i % 29 == 3 ? 6.0f : 0.0f);
+  const SectionAnalysis a(l, rows);
+  int accepted = 0;
+  for (bool delta : {true, false})
+    for (float step : {0.02f, 0.6f}) {
+      std::vector<uint8_t> payload;
+      uint32_t side = 0;
+      a.Encode(step, delta, &payload, &side);
+      std::vector<std::vector<uint8_t>> variants = {payload};
+      std::vector<uint8_t> huge = payload;
+      const float big = 1e30f;
+      std::memcpy(&huge[1], &big, 4);  // the section step follows the flags byte
+      variants.push_back(huge);
+      for (int t = 0; t < 150; ++t) {
+        std::vector<uint8_t> bad = payload;
+        bad[rng() % bad.size()] ^= static_cast<uint8_t>(1 + rng() % 255);
+        variants.push_back(std::move(bad));
+      }
+      for (size_t i = 0; i < variants.size(); ++i) {
+        const SectionOut scalar = DecodeSection(l, variants[i], false);
+        const SectionOut vec = DecodeSection(l, variants[i], true);
+        ASSERT_EQ(scalar.ok, vec.ok) << "delta " << delta << " step " << step << " variant " << i;
+        if (i < 2) {
+          ASSERT_TRUE(vec.ok) << "variant " << i;
+        }
+        if (!vec.ok) continue;
+        accepted++;
+        ASSERT_EQ(scalar.f16, vec.f16) << "delta " << delta << " step " << step << " variant " << i;
+        ASSERT_EQ(0, std::memcmp(scalar.f32.data(), vec.f32.data(), vec.f32.size() * sizeof(float)))
+            << "delta " << delta << " step " << step << " variant " << i;
+      }
+    }
+  EXPECT_GT(accepted, 8);
+}
+
+// Paged output (rows addressed through a page table): the same values as a
+// contiguous view.
+TEST_F(SimdParity, SectionIntoPagedView) {
+  SectionLayout l;
+  l.tokens = 50;
+  l.kv_heads = 4;
+  l.head_dim = 64;
+  l.group_tokens = 2;
+  std::mt19937_64 rng(8);
+  std::vector<float> rows(size_t{l.tokens} * l.channels());
+  for (float& v : rows) v = static_cast<float>(static_cast<int64_t>(rng() % 2001) - 1000) / 300.0f;
+  std::vector<uint8_t> payload;
+  uint32_t side = 0;
+  SectionAnalysis(l, rows).Encode(0.1f, true, &payload, &side);
+  // Pages of 4 tokens in reverse order.
+  const uint32_t pages = (l.tokens + 3) / 4;
+  std::vector<int64_t> offsets(pages);
+  for (uint32_t p = 0; p < pages; ++p) offsets[p] = int64_t{pages - 1 - p} * 4 * l.channels();
+  const SectionOut flat = DecodeSection(l, payload, true);
+  const SectionOut paged = DecodeSection(l, payload, true, KVPaging{4, offsets});
+  ASSERT_TRUE(flat.ok && paged.ok);
+  const size_t row = size_t{l.channels()} * 2;
+  for (uint32_t t = 0; t < l.tokens; ++t) {
+    const size_t at = size_t(offsets[t / 4]) * 2 + (t % 4) * row;
+    ASSERT_EQ(0, std::memcmp(flat.f16.data() + t * row, paged.f16.data() + at, row)) << "token " << t;
   }
 }
 

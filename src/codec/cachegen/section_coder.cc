@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "codec/cachegen/fused_decode.h"
 #include "codec/cachegen/hadamard.h"
 #include "codec/cachegen/profile_data.h"
 #include "codec/cachegen/rope.h"
@@ -399,10 +400,10 @@ T* Grow(std::vector<T>& v, size_t n) {
   return v.data();
 }
 
-// Heads whose streams are decoded together before their rows are
-// reconstructed: 8 streams (what the AVX2 rANS decoder interleaves) while the
+// Streams decoded together (heads x anchor/delta) before or while their rows
+// are reconstructed: what the AVX2 rANS decoder interleaves, while the
 // symbols stay within the L2 cache.
-constexpr uint32_t kHeadBatch = 4;
+constexpr uint32_t kBatchStreams = 8;
 
 }  // namespace
 
@@ -457,9 +458,9 @@ Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> pa
   const StreamCounts counts = CountStreams(l, use_delta);
   const size_t na = size_t{counts.anchors} * D, nd = size_t{counts.deltas} * D;
   const uint32_t per_head = use_delta ? 2 : 1;
-  const uint32_t batch = std::min(H, kHeadBatch);
-  Grow(sc.streams, size_t{batch} * 2);
-  if (sc.spliced.size() < size_t{batch} * 2) sc.spliced.resize(size_t{batch} * 2);
+  const uint32_t batch = std::min(H, kBatchStreams / per_head);
+  Grow(sc.streams, kBatchStreams);
+  if (sc.spliced.size() < kBatchStreams) sc.spliced.resize(kBatchStreams);
   uint32_t* symbols = Grow(sc.symbols, size_t{batch} * (na + nd));
   float* anchor = Grow(sc.anchor, D);
   float* row = Grow(sc.row, D);
@@ -470,24 +471,36 @@ Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> pa
       !l.rotate && !sink.rope && sink.view.dtype() == DType::kF16 && sink.view.strides().dim == 1 && simd::Avx2();
 #endif
 
+  const bool fused = internal::FusedApplies(l, sink, use_delta);
+  const internal::FusedSection fs{&l, &sink, use_delta, mean, st, st_recent};
+
   for (uint32_t h0 = 0; h0 < H; h0 += batch) {
     const uint32_t hn = std::min(batch, H - h0);
-    rans::ParsedStream* ps[2 * kHeadBatch];
-    uint32_t* po[2 * kHeadBatch];
-    uint32_t k = 0;
-    for (uint32_t h = 0; h < hn; ++h) {
-      uint32_t* base = symbols + size_t{h} * (na + nd);
-      ps[k] = &sc.streams[k];
-      po[k] = base;
-      const auto table = [&](uint32_t kind) { return grid >= 0 ? &prof->Table(l.section, grid, h0 + h, kind) : nullptr; };
-      CG_RETURN_IF_ERROR(ParseSectionStream(r, na, table(0), sc.spliced[k], ps[k]));
-      ++k;
-      if (use_delta) {
-        ps[k] = &sc.streams[k];
-        po[k] = base + na;
-        CG_RETURN_IF_ERROR(ParseSectionStream(r, nd, table(1), sc.spliced[k], ps[k]));
-        ++k;
+    rans::ParsedStream* ps[kBatchStreams];
+    uint32_t* po[kBatchStreams];
+    // Parses the batch's streams (per head: anchors, then deltas).
+    auto parse = [&]() -> Status {
+      for (uint32_t h = 0, k = 0; h < hn; ++h) {
+        uint32_t* base = symbols + size_t{h} * (na + nd);
+        const auto table = [&](uint32_t kind) {
+          return grid >= 0 ? &prof->Table(l.section, grid, h0 + h, kind) : nullptr;
+        };
+        for (uint32_t kind = 0; kind < per_head; ++kind, ++k) {
+          ps[k] = &sc.streams[k];
+          po[k] = base + (kind ? na : 0);
+          CG_RETURN_IF_ERROR(ParseSectionStream(r, kind ? nd : na, table(kind), sc.spliced[k], ps[k]));
+        }
       }
+      return Status::Ok();
+    };
+    const ByteReader batch_start = r;
+    CG_RETURN_IF_ERROR(parse());
+    if (fused) {
+      if (internal::DecodeFusedBatch(fs, ps, h0, hn)) continue;
+      // Not for the fused path after all (or corrupt): the generic path
+      // decodes the same bytes again and has the last word.
+      r = batch_start;
+      CG_RETURN_IF_ERROR(parse());
     }
     CG_RETURN_IF_ERROR(rans::DecodeParsed(std::span(ps, size_t{hn} * per_head), std::span(po, size_t{hn} * per_head)));
 
