@@ -568,49 +568,68 @@ uint64_t EstimateStreamBytesWithTable(std::span<const uint64_t> histogram, const
 
 namespace {
 
-// table[cum[v] + k] = v | (freq[v] - 1) << 8 | k << 20 for k < freq[v]
-// (symbols with frequency 0 take no slots; freq sums to kProbScale).
-void BuildTableScalar(const uint32_t* freq, uint32_t e, uint32_t* table) {
+// table[cum[v] + k] = Entry(v) + (k << shift) for k < freq[v] (symbols with
+// frequency 0 take no slots; freq sums to kProbScale), with the entry layout
+// of `form` (rans.h TableForm).
+struct EntryLayout {
+  uint32_t shift;  // where the slot offset k goes
+  uint32_t Entry(uint32_t v, uint32_t f, uint32_t e, bool values) const {
+    if (!values) return v | ((f - 1) << 8);
+    // ZigZag-decoded value of a direct symbol (v < e <= 255: in [-127, 127]);
+    // the escape symbol is marked -128.
+    const int32_t q = v == e ? -128 : static_cast<int32_t>(v >> 1) ^ -static_cast<int32_t>(v & 1);
+    return ((f - 1) << 12) | (static_cast<uint32_t>(q) << 24);
+  }
+};
+
+void BuildTableScalar(const uint32_t* freq, uint32_t e, uint32_t* table, TableForm form) {
+  const bool values = form == TableForm::kZigZagValues;
+  const EntryLayout lay{values ? 0u : 20u};
   uint32_t cum = 0;
   for (uint32_t v = 0; v <= e; ++v) {
-    const uint32_t base = v | ((freq[v] - 1) << 8);
-    for (uint32_t k = 0; k < freq[v]; ++k) table[cum + k] = base | (k << 20);
+    const uint32_t base = lay.Entry(v, freq[v], e, values);
+    for (uint32_t k = 0; k < freq[v]; ++k) table[cum + k] = base + (k << lay.shift);
     cum += freq[v];
   }
 }
 
 #if defined(__x86_64__)
 // The same entries, eight per store.
-__attribute__((target("avx2"))) void BuildTableAvx2(const uint32_t* freq, uint32_t e, uint32_t* table) {
-  const __m256i iota = _mm256_setr_epi32(0, 1 << 20, 2 << 20, 3 << 20, 4 << 20, 5 << 20, 6 << 20, 7 << 20);
-  const __m256i step = _mm256_set1_epi32(8 << 20);
+__attribute__((target("avx2"))) void BuildTableAvx2(const uint32_t* freq, uint32_t e, uint32_t* table,
+                                                   TableForm form) {
+  const bool values = form == TableForm::kZigZagValues;
+  const EntryLayout lay{values ? 0u : 20u};
+  const int sh = static_cast<int>(lay.shift);
+  const __m256i iota = _mm256_setr_epi32(0, 1 << sh, 2 << sh, 3 << sh, 4 << sh, 5 << sh, 6 << sh, 7 << sh);
+  const __m256i step = _mm256_set1_epi32(8 << sh);
   uint32_t cum = 0;
   for (uint32_t v = 0; v <= e; ++v) {
     const uint32_t f = freq[v];
-    const uint32_t base = v | ((f - 1) << 8);
+    const uint32_t base = lay.Entry(v, f, e, values);
     __m256i x = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(base)), iota);
     uint32_t k = 0;
     for (; k + 8 <= f; k += 8) {
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(table + cum + k), x);
       x = _mm256_add_epi32(x, step);
     }
-    for (; k < f; ++k) table[cum + k] = base | (k << 20);
+    for (; k < f; ++k) table[cum + k] = base + (k << lay.shift);
     cum += f;
   }
 }
 #endif
 
-void BuildTable(const uint32_t* freq, uint32_t e, uint32_t* table) {
+void BuildTable(const uint32_t* freq, uint32_t e, uint32_t* table, TableForm form) {
 #if defined(__x86_64__)
-  if (simd::Avx2()) return BuildTableAvx2(freq, e, table);
+  if (simd::Avx2()) return BuildTableAvx2(freq, e, table, form);
 #endif
-  BuildTableScalar(freq, e, table);
+  BuildTableScalar(freq, e, table, form);
 }
 
 }  // namespace
 
-Status ParseStream(ByteReader& in, size_t n, ParsedStream* s) {
+Status ParseStream(ByteReader& in, size_t n, ParsedStream* s, TableForm form) {
   s->n = n;
+  s->form = form;
   s->mode = in.U8();
   if (!in.ok()) return Corrupt("truncated before mode byte");
   if (s->mode == kModeEmpty) {
@@ -662,7 +681,7 @@ Status ParseStream(ByteReader& in, size_t n, ParsedStream* s) {
   s->payload = in.Bytes(payload_len);
   if (!in.ok()) return Corrupt("truncated escape area or payload");
 
-  BuildTable(freq.data(), e, s->table);
+  BuildTable(freq.data(), e, s->table, form);
   for (uint32_t j = 0; j < lanes; ++j) {
     s->state[j] = Load16(s->payload.data() + 4 * j) | (Load16(s->payload.data() + 4 * j + 2) << 16);
     if (s->state[j] < kL) return Corrupt("initial state of lane " + std::to_string(j) + " below 2^16");
@@ -799,6 +818,8 @@ __attribute__((target("avx2,bmi2"))) void DecodeGroupAvx2(ParsedStream* const* s
 }  // namespace
 
 Status DecodeParsed(std::span<ParsedStream* const> streams, std::span<uint32_t* const> outs) {
+  for (const ParsedStream* s : streams)
+    if (s->form != TableForm::kSymbols) return Status::Internal("rANS stream: table form DecodeParsed cannot decode");
 #if defined(__x86_64__)
   if (simd::Avx2()) {
     // 8-lane rANS streams run in lockstep groups of 8 (then 4, 2) streams:

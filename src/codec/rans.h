@@ -75,8 +75,20 @@ Status DecodeStream(ByteReader& in, std::span<uint32_t> out);
 // (the AVX2 decoder interleaves pairs of 8-lane streams to hide latency).
 // ParseStream validates the header of a stream of n symbols, builds its
 // decode table and keeps spans into `in`'s bytes (which must outlive it).
+// Layout of ParsedStream::table entries.
+enum class TableForm : uint8_t {
+  // symbol (8 bits) | freq - 1 (12) | slot offset (12): what DecodeParsed decodes.
+  kSymbols,
+  // slot offset (12) | freq - 1 (12) | value (8): value is a direct symbol's
+  // zigzag-decoded signed value (symbols below the escape symbol are <= 254,
+  // so values lie in [-127, 127]) and -128 for the escape symbol. For
+  // decoders that consume values as they are decoded (rans_avx2.h
+  // Round8Values); DecodeParsed does not take such streams.
+  kZigZagValues,
+};
+
 struct ParsedStream {
-  alignas(64) uint32_t table[kProbScale];  // symbol | (freq-1) << 8 | slot offset << 20
+  alignas(64) uint32_t table[kProbScale];  // entries of `form`
   alignas(32) uint32_t state[kMaxLanes];
   size_t n = 0;
   uint8_t mode = 0;
@@ -84,9 +96,10 @@ struct ParsedStream {
   uint32_t escape = 0;    // rANS mode: escape symbol E, lanes, areas
   bool escape_used = false;
   uint32_t lanes = 0;
+  TableForm form = TableForm::kSymbols;
   std::span<const uint8_t> esc, payload;
 };
-Status ParseStream(ByteReader& in, size_t n, ParsedStream* s);
+Status ParseStream(ByteReader& in, size_t n, ParsedStream* s, TableForm form = TableForm::kSymbols);
 // Decodes each parsed stream into outs[k] (streams[k]->n symbols). Every
 // payload check of DecodeStream applies; the first failure is returned.
 Status DecodeParsed(std::span<ParsedStream* const> streams, std::span<uint32_t* const> outs);

@@ -33,10 +33,12 @@ constexpr WordShuffle MakeWordShuffle() {
 inline constexpr WordShuffle kWordShuffle = MakeWordShuffle();
 
 // One round: decodes one symbol per lane of the states x (lane j of round r
-// is symbol 8r + j of the stream) and returns their table entries (symbol in
-// the low byte, ParsedStream::table), then renormalises from the 16-bit words
-// at wp + 2 * pos, advancing pos past the words used. Always reads the 8 words
-// at pos, whatever it uses.
+// is symbol 8r + j of the stream) and returns their table entries
+// (ParsedStream::table of form kSymbols, or with kValues of form
+// kZigZagValues), then renormalises from the 16-bit words at wp + 2 * pos,
+// advancing pos past the words used. Always reads the 8 words at pos,
+// whatever it uses.
+template <bool kValues = false>
 __attribute__((target("avx2,bmi2"), always_inline)) inline __m256i Round8(__m256i& x, const int* tbl,
                                                                            const uint8_t* wp, size_t& pos) {
   // Table lookups through a store and eight scalar loads: on the machines
@@ -46,9 +48,11 @@ __attribute__((target("avx2,bmi2"), always_inline)) inline __m256i Round8(__m256
   _mm256_store_si256(reinterpret_cast<__m256i*>(sl), _mm256_and_si256(x, _mm256_set1_epi32(kProbScale - 1)));
   const __m256i e = _mm256_setr_epi32(tbl[sl[0]], tbl[sl[1]], tbl[sl[2]], tbl[sl[3]], tbl[sl[4]], tbl[sl[5]],
                                       tbl[sl[6]], tbl[sl[7]]);
-  const __m256i freq =
-      _mm256_add_epi32(_mm256_and_si256(_mm256_srli_epi32(e, 8), _mm256_set1_epi32(0xfff)), _mm256_set1_epi32(1));
-  x = _mm256_add_epi32(_mm256_mullo_epi32(freq, _mm256_srli_epi32(x, kProbBits)), _mm256_srli_epi32(e, 20));
+  const __m256i f12 = _mm256_set1_epi32(0xfff);
+  const __m256i freq = _mm256_add_epi32(_mm256_and_si256(_mm256_srli_epi32(e, kValues ? 12 : 8), f12),
+                                        _mm256_set1_epi32(1));
+  const __m256i offset = kValues ? _mm256_and_si256(e, f12) : _mm256_srli_epi32(e, 20);
+  x = _mm256_add_epi32(_mm256_mullo_epi32(freq, _mm256_srli_epi32(x, kProbBits)), offset);
   const __m256i need = _mm256_cmpeq_epi32(_mm256_srli_epi32(x, 16), _mm256_setzero_si256());
   const uint32_t m = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(need)));
   const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wp + 2 * pos)));

@@ -190,6 +190,35 @@ TEST_F(SimdParity, ContainersDecodeIdentically) {
   }
 }
 
+// The value-form decode table (what the fused section decoder reads) says
+// what the symbol-form one says, with each symbol's zigzag-decoded value and
+// the escape marked -128; built the same with AVX2 and scalar code.
+TEST_F(SimdParity, ValueFormTablesMatchSymbolTables) {
+  const std::vector<std::vector<uint32_t>> s = {Symbols(3000, 4, true)};
+  const std::vector<uint8_t> buf = EncodeAll(s, 8);
+  auto parse = [&](rans::TableForm form, bool use_simd) {
+    simd::SetEnabled(use_simd);
+    auto p = std::make_unique<rans::ParsedStream>();
+    ByteReader r(buf);
+    EXPECT_TRUE(rans::ParseStream(r, s[0].size(), p.get(), form).ok());
+    simd::SetEnabled(true);
+    return p;
+  };
+  const auto sym = parse(rans::TableForm::kSymbols, true);
+  const auto val = parse(rans::TableForm::kZigZagValues, true);
+  const auto val_scalar = parse(rans::TableForm::kZigZagValues, false);
+  ASSERT_EQ(sym->mode, rans::kModeRans);
+  for (uint32_t slot = 0; slot < rans::kProbScale; ++slot) {
+    const uint32_t a = sym->table[slot], b = val->table[slot];
+    ASSERT_EQ(b, val_scalar->table[slot]) << slot;
+    const uint32_t v = a & 0xff;
+    const int32_t q = v == sym->escape ? -128 : static_cast<int32_t>(v >> 1) ^ -static_cast<int32_t>(v & 1);
+    EXPECT_EQ(static_cast<int32_t>(b) >> 24, q) << slot;
+    EXPECT_EQ((b >> 12) & 0xfff, (a >> 8) & 0xfff) << slot;  // freq - 1
+    EXPECT_EQ(b & 0xfff, a >> 20) << slot;                    // slot offset
+  }
+}
+
 // Decodes a section payload into f16 and f32 rows with SIMD on or off.
 struct SectionOut {
   bool ok = false;

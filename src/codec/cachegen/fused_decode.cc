@@ -1,5 +1,7 @@
 #include "codec/cachegen/fused_decode.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -53,84 +55,103 @@ const uint8_t* EnsureReadable(Stream& s, const uint8_t* w, size_t need, uint32_t
   return s.words;
 }
 
-// pred + float(UnZigZag(sym)) * st: a multiply, then an add (no FMA), the
-// generic path's arithmetic.
-__attribute__((target("avx2"), always_inline)) inline __m256 Dequant(__m256i sym, __m256 pred, const float* st) {
-  const __m256i q = _mm256_xor_si256(_mm256_srli_epi32(sym, 1),
-                                     _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_and_si256(sym, _mm256_set1_epi32(1))));
+// pred + float(q) * st: a multiply, then an add (no FMA), the generic path's
+// arithmetic.
+__attribute__((target("avx2"), always_inline)) inline __m256 Dequant(__m256i q, __m256 pred, const float* st) {
   return _mm256_add_ps(pred, _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_loadu_ps(st)));
-}
-
-// Replaces escape symbols among the 8 in v by their values (escape symbol
-// plus the stream's next escape varint). False when the escape area runs out
-// or a value exceeds 32 bits. Rare: out of the hot loop.
-__attribute__((noinline, cold)) bool PatchEscapes(uint32_t* v, Stream& s) {
-  for (int j = 0; j < 8; ++j) {
-    if (v[j] != s.escape) continue;
-    const uint64_t d = s.esc.Varint();
-    if (!s.esc.ok() || d > UINT32_MAX - s.escape) return false;
-    v[j] = static_cast<uint32_t>(s.escape + d);
-  }
-  return true;
 }
 
 template <DType kOut>
 __attribute__((target("avx2,f16c"), always_inline)) inline void Store8(uint8_t* dst, __m256 v) {
   if constexpr (kOut == DType::kF16) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    // The memory form of vcvtps2ph, which the intrinsic does not give.
+    asm("vcvtps2ph $0, %1, %0" : "=m"(*reinterpret_cast<__m128i_u*>(dst)) : "x"(v));
   } else {
     _mm256_storeu_ps(reinterpret_cast<float*>(dst), v);
   }
 }
 
-// One round of stream k: its 8 symbols, escapes not yet resolved.
+// Table entries (form kZigZagValues) hold the value in the top byte; the
+// escape symbol's is this marker.
+constexpr int kEscapeMark = -128;
+
+// One round of stream k: its 8 values, escapes still marked.
 template <int S>
-__attribute__((target("avx2,bmi2"), always_inline)) inline __m256i Symbols8(__m256i (&x)[S], const uint8_t* (&w)[S],
-                                                                            const int* const (&tbl)[S], int k) {
+__attribute__((target("avx2,bmi2"), always_inline)) inline __m256i Values8(__m256i (&x)[S], const uint8_t* (&w)[S],
+                                                                           const int* const (&tbl)[S], int k) {
   size_t used = 0;
-  const __m256i e = rans::avx2::Round8(x[k], tbl[k], w[k], used);
+  const __m256i e = rans::avx2::Round8<true>(x[k], tbl[k], w[k], used);
   w[k] += 2 * used;
-  return _mm256_and_si256(e, _mm256_set1_epi32(0xff));
+  return _mm256_srai_epi32(e, 24);
 }
 
+// Replaces the marked escapes among the 8 values in *q by the values they
+// stand for (UnZigZag(escape symbol + the stream's next escape varint)).
+// False when the escape area runs out or a symbol exceeds 32 bits.
+__attribute__((target("avx2"), noinline, cold)) bool PatchEscapes(__m256i* q, Stream& s) {
+  alignas(32) int32_t v[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(v), *q);
+  for (int32_t& x : v) {
+    if (x != kEscapeMark) continue;
+    const uint64_t d = s.esc.Varint();
+    if (!s.esc.ok() || d > UINT32_MAX - s.escape) return false;
+    const uint32_t u = static_cast<uint32_t>(s.escape + d);
+    x = static_cast<int32_t>(u >> 1) ^ -static_cast<int32_t>(u & 1);
+  }
+  *q = _mm256_load_si256(reinterpret_cast<const __m256i*>(v));
+  return true;
+}
+
+// Where one token group's rows and parameters are.
+struct GroupRows {
+  const float* mean;  // per channel of the batch's heads
+  const float* sta;   // steps of the anchor row
+  const float* std_;  // ... of the delta row
+  uint8_t* ra;        // anchor row (head0, dim 0) in the sink
+  uint8_t* rd;        // delta row
+  int64_t head_bytes;
+};
+
 // The rows of one token group: K heads, each an anchor row (stream 2h with
-// pairs, h without) and with kPair its delta row (stream 2h + 1). Returns
-// false on a bad escape.
-template <int K, bool kPairs, bool kPair, DType kOut, int S>
-__attribute__((target("avx2,bmi2,f16c"), always_inline)) inline bool Group(
-    __m256i (&x)[S], const uint8_t* (&w)[S], const int* const (&tbl)[S], Stream (&s)[S], uint32_t D,
-    const float* mean, const float* sta, const float* std_, uint8_t* ra, uint8_t* rd, int64_t head_bytes,
-    __m256& nan) {
+// pairs, h without) and with kPair its delta row (stream 2h + 1).
+//
+// Unchecked (kChecked false), escapes are not resolved: the smallest value
+// seen goes to *lowest, and a group where it is the escape mark is decoded
+// again, checked, from its starting states. Checked, escapes are patched as
+// they come; false on a bad escape.
+template <int K, bool kPairs, bool kPair, bool kChecked, bool kNanCheck, DType kOut, int S>
+__attribute__((target("avx2,bmi2,f16c"), always_inline)) inline bool Group(__m256i (&x)[S], const uint8_t* (&w)[S],
+                                                                          const int* const (&tbl)[S], Stream* s,
+                                                                          uint32_t D, const GroupRows& g,
+                                                                          __m256i& lowest, __m256& nan) {
   constexpr size_t kEsize = kOut == DType::kF16 ? 2 : 4;
   constexpr int kA = kPairs ? 2 : 1;
+  const __m256i mark = _mm256_set1_epi32(kEscapeMark);
   for (uint32_t d = 0; d < D; d += 8) {
 #pragma GCC unroll 8
     for (int h = 0; h < K; ++h) {
-      __m256i sa = Symbols8(x, w, tbl, kA * h);
-      __m256i hit = _mm256_cmpeq_epi32(sa, _mm256_set1_epi32(static_cast<int>(s[kA * h].escape)));
-      __m256i sd = sa;
-      if constexpr (kPair) {
-        sd = Symbols8(x, w, tbl, 2 * h + 1);
-        hit = _mm256_or_si256(hit, _mm256_cmpeq_epi32(sd, _mm256_set1_epi32(static_cast<int>(s[2 * h + 1].escape))));
-      }
-      if (!_mm256_testz_si256(hit, hit)) [[unlikely]] {
-        alignas(32) uint32_t v[2][8];
-        _mm256_store_si256(reinterpret_cast<__m256i*>(v[0]), sa);
-        _mm256_store_si256(reinterpret_cast<__m256i*>(v[1]), sd);
-        if (!PatchEscapes(v[0], s[kA * h])) return false;
-        if (kPair && !PatchEscapes(v[1], s[2 * h + 1])) return false;
-        sa = _mm256_load_si256(reinterpret_cast<const __m256i*>(v[0]));
-        sd = _mm256_load_si256(reinterpret_cast<const __m256i*>(v[1]));
+      __m256i qa = Values8(x, w, tbl, kA * h);
+      __m256i qd = qa;
+      if constexpr (kPair) qd = Values8(x, w, tbl, 2 * h + 1);
+      if constexpr (kChecked) {
+        if (!_mm256_testz_si256(_mm256_cmpeq_epi32(qa, mark), _mm256_cmpeq_epi32(qa, mark)) &&
+            !PatchEscapes(&qa, s[kA * h]))
+          return false;
+        if (kPair && !_mm256_testz_si256(_mm256_cmpeq_epi32(qd, mark), _mm256_cmpeq_epi32(qd, mark)) &&
+            !PatchEscapes(&qd, s[2 * h + 1]))
+          return false;
+      } else {
+        lowest = _mm256_min_epi32(lowest, kPair ? _mm256_min_epi32(qa, qd) : qa);
       }
       const size_t c = size_t(h) * D + d;
-      const __m256 va = Dequant(sa, _mm256_loadu_ps(mean + c), sta + c);
-      Store8<kOut>(ra + h * head_bytes + kEsize * d, va);
+      const __m256 va = Dequant(qa, _mm256_loadu_ps(g.mean + c), g.sta + c);
+      Store8<kOut>(g.ra + h * g.head_bytes + kEsize * d, va);
       if constexpr (kPair) {
         // Deltas are coded against the anchor's f32 reconstruction.
-        const __m256 vd = Dequant(sd, va, std_ + c);
-        Store8<kOut>(rd + h * head_bytes + kEsize * d, vd);
-        if constexpr (kOut == DType::kF16) nan = _mm256_or_ps(nan, _mm256_cmp_ps(va, vd, _CMP_UNORD_Q));
-      } else if constexpr (kOut == DType::kF16) {
+        const __m256 vd = Dequant(qd, va, g.std_ + c);
+        Store8<kOut>(g.rd + h * g.head_bytes + kEsize * d, vd);
+        if constexpr (kNanCheck) nan = _mm256_or_ps(nan, _mm256_cmp_ps(va, vd, _CMP_UNORD_Q));
+      } else if constexpr (kNanCheck) {
         nan = _mm256_or_ps(nan, _mm256_cmp_ps(va, va, _CMP_UNORD_Q));
       }
     }
@@ -138,14 +159,39 @@ __attribute__((target("avx2,bmi2,f16c"), always_inline)) inline bool Group(
   return true;
 }
 
-template <int K, bool kPairs, DType kOut>
+// A group decoded again with escapes resolved, from the states it started
+// with (x, w: updated to where it ends).
+template <int K, bool kPairs, DType kOut, int S>
+__attribute__((target("avx2,bmi2,f16c"), noinline, cold)) bool CheckedGroup(__m256i (&x)[S], const uint8_t* (&w)[S],
+                                                                           const int* const (&tbl)[S], Stream* s,
+                                                                           uint32_t D, const GroupRows& g, bool pair,
+                                                                           __m256& nan) {
+  __m256i unused = _mm256_setzero_si256();
+  if (pair) return Group<K, kPairs, kPairs, true, kOut == DType::kF16, kOut>(x, w, tbl, s, D, g, unused, nan);
+  return Group<K, kPairs, false, true, kOut == DType::kF16, kOut>(x, w, tbl, s, D, g, unused, nan);
+}
+
+// Whether values of this batch can overflow to Inf (and so give NaN): not
+// when |mean| + 2^32 |step| stays far below the float range, as escapes are
+// below 2^32.
+bool MayOverflow(const FusedSection& fs, size_t c0, size_t n) {
+  float top_mean = 0, top_st = 0;
+  for (size_t c = c0; c < c0 + n; ++c) {
+    top_mean = std::max(top_mean, std::fabs(fs.mean[c]));
+    top_st = std::max({top_st, std::fabs(fs.st[c]), std::fabs(fs.st_recent[c])});
+  }
+  return !(double(top_mean) + 4294967296.0 * double(top_st) < 1e37);  // also true for NaN
+}
+
+template <int K, bool kPairs, DType kOut, bool kNanCheck>
 __attribute__((target("avx2,bmi2,f16c"))) bool DecodeBatch(const FusedSection& fs, rans::ParsedStream* const* ps,
                                                           uint32_t head0) {
   constexpr int S = kPairs ? 2 * K : K;
   const SectionLayout& l = *fs.layout;
   const SectionSink& sink = *fs.sink;
   const uint32_t D = l.head_dim, tq = l.quantized_tokens();
-  // The hot state in locals: the output stores may alias anything.
+  // The hot state in locals whose address is never taken: the output stores
+  // may alias anything else.
   __m256i x[S];
   const uint8_t* w[S];
   const int* tbl[S];
@@ -159,26 +205,36 @@ __attribute__((target("avx2,bmi2,f16c"))) bool DecodeBatch(const FusedSection& f
     s[k].escape = p.escape;
     s[k].esc = ByteReader(p.esc);
   }
-  const int64_t head_bytes = sink.view.strides().head * int64_t{kOut == DType::kF16 ? 2 : 4};
   const size_t c0 = size_t{head0} * D;
-  const float* mean = fs.mean + c0;
+  GroupRows g;
+  g.mean = fs.mean + c0;
+  g.head_bytes = sink.view.strides().head * int64_t{kOut == DType::kF16 ? 2 : 4};
   __m256 nan = _mm256_setzero_ps();
+  const __m256i mark = _mm256_set1_epi32(kEscapeMark);
   constexpr uint32_t G = kPairs ? 2 : 1;
   const auto used = [&](int k) { return static_cast<size_t>(w[k] - s[k].words) / 2; };
   for (uint32_t t = 0; t < tq; t += G) {
     const bool pair = kPairs && t + 1 < tq;
     for (int k = 0; k < S; ++k) w[k] = EnsureReadable(s[k], w[k], D + 8, k);  // a group reads <= D + 8 words
-    auto* ra = static_cast<uint8_t*>(sink.view.Pointer(sink.layer, sink.kv, t, head0, 0));
-    const float* sta = (t >= l.recent_begin ? fs.st_recent : fs.st) + c0;
-    bool ok;
+    g.ra = static_cast<uint8_t*>(sink.view.Pointer(sink.layer, sink.kv, t, head0, 0));
+    g.sta = (t >= l.recent_begin ? fs.st_recent : fs.st) + c0;
     if (pair) {
-      auto* rd = static_cast<uint8_t*>(sink.view.Pointer(sink.layer, sink.kv, t + 1, head0, 0));
-      const float* std_ = (t + 1 >= l.recent_begin ? fs.st_recent : fs.st) + c0;
-      ok = Group<K, kPairs, kPairs, kOut>(x, w, tbl, s, D, mean, sta, std_, ra, rd, head_bytes, nan);
-    } else {
-      ok = Group<K, kPairs, false, kOut>(x, w, tbl, s, D, mean, sta, nullptr, ra, nullptr, head_bytes, nan);
+      g.rd = static_cast<uint8_t*>(sink.view.Pointer(sink.layer, sink.kv, t + 1, head0, 0));
+      g.std_ = (t + 1 >= l.recent_begin ? fs.st_recent : fs.st) + c0;
     }
-    if (!ok) return false;
+    __m256i x0[S];
+    const uint8_t* w0[S];
+    for (int k = 0; k < S; ++k) x0[k] = x[k], w0[k] = w[k];
+    __m256i lowest = _mm256_setzero_si256();
+    if (pair) {
+      Group<K, kPairs, kPairs, false, kNanCheck, kOut>(x, w, tbl, s, D, g, lowest, nan);
+    } else {
+      Group<K, kPairs, false, false, kNanCheck, kOut>(x, w, tbl, s, D, g, lowest, nan);
+    }
+    if (!_mm256_testz_si256(_mm256_cmpeq_epi32(lowest, mark), _mm256_cmpeq_epi32(lowest, mark))) [[unlikely]] {
+      if (!CheckedGroup<K, kPairs, kOut>(x0, w0, tbl, s, D, g, pair, nan)) return false;
+      for (int k = 0; k < S; ++k) x[k] = x0[k], w[k] = w0[k];
+    }
     for (int k = 0; k < S; ++k)
       if (used(k) > s[k].limit) return false;  // a padded stream read past its payload
   }
@@ -193,23 +249,34 @@ __attribute__((target("avx2,bmi2,f16c"))) bool DecodeBatch(const FusedSection& f
   return _mm256_testz_ps(nan, nan);
 }
 
-template <bool kPairs, DType kOut>
-bool Dispatch(const FusedSection& s, rans::ParsedStream* const* ps, uint32_t head0, uint32_t heads) {
-  switch (heads) {
-    case 1: return DecodeBatch<1, kPairs, kOut>(s, ps, head0);
-    case 2: return DecodeBatch<2, kPairs, kOut>(s, ps, head0);
-    case 3: return DecodeBatch<3, kPairs, kOut>(s, ps, head0);
-    case 4: return DecodeBatch<4, kPairs, kOut>(s, ps, head0);
-  }
-  if constexpr (!kPairs) {
-    switch (heads) {
-      case 5: return DecodeBatch<5, kPairs, kOut>(s, ps, head0);
-      case 6: return DecodeBatch<6, kPairs, kOut>(s, ps, head0);
-      case 7: return DecodeBatch<7, kPairs, kOut>(s, ps, head0);
-      case 8: return DecodeBatch<8, kPairs, kOut>(s, ps, head0);
+// Heads in power-of-two sub-batches (fewer instantiations).
+template <bool kPairs, DType kOut, bool kNanCheck>
+bool DecodeHeads(const FusedSection& s, rans::ParsedStream* const* ps, uint32_t head0, uint32_t heads) {
+  constexpr uint32_t kPer = kPairs ? 2 : 1;
+  while (heads > 0) {
+    bool ok;
+    uint32_t n;
+    if (heads >= 8 && !kPairs) {
+      n = 8, ok = DecodeBatch<8, kPairs, kOut, kNanCheck>(s, ps, head0);
+    } else if (heads >= 4) {
+      n = 4, ok = DecodeBatch<4, kPairs, kOut, kNanCheck>(s, ps, head0);
+    } else if (heads >= 2) {
+      n = 2, ok = DecodeBatch<2, kPairs, kOut, kNanCheck>(s, ps, head0);
+    } else {
+      n = 1, ok = DecodeBatch<1, kPairs, kOut, kNanCheck>(s, ps, head0);
     }
+    if (!ok) return false;
+    heads -= n, head0 += n, ps += n * kPer;
   }
-  return false;
+  return true;
+}
+
+template <bool kPairs>
+bool DecodeAs(const FusedSection& s, rans::ParsedStream* const* ps, uint32_t head0, uint32_t heads) {
+  if (s.sink->view.dtype() == DType::kF32) return DecodeHeads<kPairs, DType::kF32, false>(s, ps, head0, heads);
+  if (MayOverflow(s, size_t{head0} * s.layout->head_dim, size_t{heads} * s.layout->head_dim))
+    return DecodeHeads<kPairs, DType::kF16, true>(s, ps, head0, heads);
+  return DecodeHeads<kPairs, DType::kF16, false>(s, ps, head0, heads);
 }
 
 }  // namespace
@@ -231,13 +298,10 @@ bool DecodeFusedBatch(const FusedSection& s, rans::ParsedStream* const* streams,
   const uint32_t n = s.use_delta ? 2 * heads : heads;
   if (n == 0 || n > kMaxStreams) return false;
   for (uint32_t k = 0; k < n; ++k)
-    if (streams[k]->mode != rans::kModeRans || streams[k]->lanes != 8) return false;
-  const bool f16 = s.sink->view.dtype() == DType::kF16;
-  if (s.use_delta)
-    return f16 ? Dispatch<true, DType::kF16>(s, streams, head0, heads)
-               : Dispatch<true, DType::kF32>(s, streams, head0, heads);
-  return f16 ? Dispatch<false, DType::kF16>(s, streams, head0, heads)
-             : Dispatch<false, DType::kF32>(s, streams, head0, heads);
+    if (streams[k]->mode != rans::kModeRans || streams[k]->lanes != 8 ||
+        streams[k]->form != rans::TableForm::kZigZagValues)
+      return false;
+  return s.use_delta ? DecodeAs<true>(s, streams, head0, heads) : DecodeAs<false>(s, streams, head0, heads);
 #else
   (void)s, (void)streams, (void)head0, (void)heads;
   return false;

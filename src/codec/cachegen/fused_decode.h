@@ -29,7 +29,8 @@ struct FusedSection {
 bool FusedApplies(const SectionLayout& l, const SectionSink& sink, bool use_delta);
 
 // Decodes heads [head0, head0 + heads) whose streams are parsed in `streams`
-// (per head its anchor stream, then with deltas its delta stream) into the
+// (per head its anchor stream, then with deltas its delta stream; table form
+// rans::TableForm::kZigZagValues) into the
 // sink. True when every row was written and every stream ended cleanly.
 // False leaves the batch to the generic decoder, which the caller reruns on
 // the same bytes (and which reports what was wrong); rows may be partly

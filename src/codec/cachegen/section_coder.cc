@@ -364,9 +364,9 @@ struct DecodeScratch {
 // rebuilt as mode-2 streams with the profile's table in `buf`, which the
 // parsed stream then points into.
 Status ParseSectionStream(ByteReader& r, size_t n, const rans::FreqTable* table, std::vector<uint8_t>& buf,
-                          rans::ParsedStream* ps) {
+                          rans::ParsedStream* ps, rans::TableForm form) {
   ByteReader peek = r;
-  if (!table || peek.U8() != rans::kModeTable) return rans::ParseStream(r, n, ps);
+  if (!table || peek.U8() != rans::kModeTable) return rans::ParseStream(r, n, ps, form);
   const uint8_t lanes = peek.U8();
   const uint64_t esc_len = peek.Varint();
   const uint64_t payload_len = peek.Varint();
@@ -384,7 +384,7 @@ Status ParseSectionStream(ByteReader& r, size_t n, const rans::FreqTable* table,
   w.Bytes(body);
   r = peek;
   ByteReader rebuilt(buf);
-  CG_RETURN_IF_ERROR(rans::ParseStream(rebuilt, n, ps));
+  CG_RETURN_IF_ERROR(rans::ParseStream(rebuilt, n, ps, form));
   if (rebuilt.remaining() != 0) return Status::Corrupt("rANS stream: table-form stream length mismatch");
   return Status::Ok();
 }
@@ -479,7 +479,7 @@ Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> pa
     rans::ParsedStream* ps[kBatchStreams];
     uint32_t* po[kBatchStreams];
     // Parses the batch's streams (per head: anchors, then deltas).
-    auto parse = [&]() -> Status {
+    auto parse = [&](rans::TableForm form) -> Status {
       for (uint32_t h = 0, k = 0; h < hn; ++h) {
         uint32_t* base = symbols + size_t{h} * (na + nd);
         const auto table = [&](uint32_t kind) {
@@ -488,20 +488,20 @@ Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> pa
         for (uint32_t kind = 0; kind < per_head; ++kind, ++k) {
           ps[k] = &sc.streams[k];
           po[k] = base + (kind ? na : 0);
-          CG_RETURN_IF_ERROR(ParseSectionStream(r, kind ? nd : na, table(kind), sc.spliced[k], ps[k]));
+          CG_RETURN_IF_ERROR(ParseSectionStream(r, kind ? nd : na, table(kind), sc.spliced[k], ps[k], form));
         }
       }
       return Status::Ok();
     };
     const ByteReader batch_start = r;
-    CG_RETURN_IF_ERROR(parse());
     if (fused) {
+      CG_RETURN_IF_ERROR(parse(rans::TableForm::kZigZagValues));
       if (internal::DecodeFusedBatch(fs, ps, h0, hn)) continue;
       // Not for the fused path after all (or corrupt): the generic path
       // decodes the same bytes again and has the last word.
       r = batch_start;
-      CG_RETURN_IF_ERROR(parse());
     }
+    CG_RETURN_IF_ERROR(parse(rans::TableForm::kSymbols));
     CG_RETURN_IF_ERROR(rans::DecodeParsed(std::span(ps, size_t{hn} * per_head), std::span(po, size_t{hn} * per_head)));
 
     // Reconstruct exactly as the encoder's Quantize() did, head by head.
