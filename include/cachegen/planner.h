@@ -23,12 +23,26 @@
 // coarsest level does not fit, chunks whose recompute is cheaper than their
 // coarsest fetch are moved to recompute (latest chunks first: they are the
 // ones that would arrive late) until the rest fits; if nothing makes the
-// deadline, the plan minimises the time (coarsest level, recompute where
-// cheaper) and reports feasible = false.
+// deadline, the plan minimises the time (recompute where cheaper; among the
+// levels, the finest one that is expected to end as early as the coarsest: a
+// decode-bound transfer gains nothing from coarser chunks when they decode no
+// faster) and reports feasible = false.
+//
+// Requests in flight. A request issued at a level chosen for the old rate can
+// strand the transfer when the rate falls (a chunk requested at 1 Gbit/s takes
+// 10x longer at 0.1). Replan with the requests in flight (InFlight: level and
+// bytes received so far) also decides, per request, whether to abandon it and
+// request the chunk again at a coarser level: it plans the in-flight chunks
+// with the rest, where keeping a request costs the bytes still to come and
+// re-requesting costs the new level's whole frame (only offered when that is
+// clearly less), so a request is re-issued only when the deadline needs it.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
+#include <span>
+#include <utility>
 #include <vector>
 
 namespace cachegen {
@@ -43,6 +57,13 @@ struct PlannerOptions {
   // spends each plan's slack, so without it the transfer converges onto the
   // deadline and the last chunk's noise decides.
   double reserve = 0.05;
+};
+
+// A request issued and not delivered yet.
+struct InFlight {
+  uint32_t chunk = 0;
+  int level = 0;
+  uint64_t received = 0;  // bytes of its frame that have arrived
 };
 
 // What is known of one chunk before fetching it.
@@ -61,6 +82,9 @@ struct Plan {
   uint32_t first = 0;
   bool feasible = false;  // the planned transfer is expected to end by the deadline
   double expected_s = 0;  // expected time from now to the end
+  // Per InFlight entry given to Replan: the coarser level to request that
+  // chunk again at (abandoning the request), or -1 to let it finish.
+  std::vector<int> reissue;
 };
 
 class LevelPlanner {
@@ -71,13 +95,18 @@ class LevelPlanner {
   // goodput of the link, e.g. bytes since the previous completion over the
   // time since it). Ignored when seconds <= 0.
   void OnDelivered(uint64_t bytes, double seconds);
+  // Replaces the estimate (bytes/s) by one made elsewhere (RateEstimator);
+  // ignored unless > 0.
+  void SetBandwidth(double bytes_per_s);
   // Time to process a chunk after it arrived (decode), smoothed like
   // bandwidth; with its level (>= 0) it also feeds that level's decode
   // estimate (DecodeSeconds).
   void OnProcessed(double seconds, int level = -1);
   // Estimated decode time of chunk c at `level`: the smoothed time seen at
-  // that level; for a level not seen yet, the nearest seen level's scaled by
-  // the levels' total bytes; 0 before any chunk was processed.
+  // that level; for a level not seen yet, the nearest seen level's (the
+  // decoder's work is per value, which every level has the same number of:
+  // measured, a coarse level decodes about as fast as a fine one); 0 before
+  // any chunk was processed.
   double DecodeSeconds(uint32_t c, int level) const;
 
   // Estimated bandwidth in bytes/s; 0 while unknown.
@@ -95,6 +124,11 @@ class LevelPlanner {
   // `pending_decode_s`: decode time still ahead for chunks requested or
   // fetched but not yet processed (see DecodeSeconds).
   Plan Replan(uint32_t first, double elapsed_s, uint64_t outstanding_bytes, double pending_decode_s = 0) const;
+  // The same with the requests in flight described one by one (chunks <
+  // first, in chunk order), so the plan may re-issue them (Plan::reissue);
+  // pending_decode_s then covers only chunks fetched and not yet processed.
+  Plan Replan(uint32_t first, double elapsed_s, std::span<const InFlight> inflight,
+              double pending_decode_s = 0) const;
 
   size_t size() const { return chunks_.size(); }
   const PlanChunk& chunk(uint32_t i) const { return chunks_[i]; }
@@ -109,6 +143,9 @@ class LevelPlanner {
 
  private:
   uint64_t Bytes(uint32_t c, int level) const;  // at Resolve(c, level)
+  struct Slot;
+  Plan Solve(uint32_t first, double elapsed_s, uint64_t kept_bytes, std::span<const InFlight> inflight,
+             double pending_decode_s) const;
 
   std::vector<PlanChunk> chunks_;
   PlannerOptions options_;
@@ -119,6 +156,45 @@ class LevelPlanner {
   std::vector<double> decode_s_;     // per level, smoothed
   std::vector<bool> decode_seen_;    // per level
   std::vector<double> level_total_;  // bytes of all chunks per level
+};
+
+// Link goodput from progress: the caller reports, now and then, the bytes
+// received so far by every request (abandoned ones too: they used the link)
+// against the link's busy time (seconds during which something was requested
+// and unfinished). Two windows: a long one for the steady estimate, and a
+// short one that detects a drop: when the short window's rate is below
+// drop_ratio x the estimate, the estimate takes it at once and the long
+// window restarts there. Each window spans at least its bytes and its
+// seconds: a shaped link delivers in bursts, and a window of k bursts
+// measures the rate within about 1/k; the time floor keeps a stall of the
+// reading threads (CPU contention) on a fast link from reading as a drop.
+// Until the long window is full the short one answers. Pure logic: no clocks.
+class RateEstimator {
+ public:
+  struct Options {
+    uint64_t long_bytes = 1u << 20;
+    double long_s = 0.02;
+    uint64_t short_bytes = 256u << 10;
+    double short_s = 0.005;
+    double drop_ratio = 0.5;
+  };
+  RateEstimator() : RateEstimator(Options()) {}
+  explicit RateEstimator(Options options) : options_(options) {}
+  // Cumulative bytes received at busy time busy_s (both non-decreasing).
+  void Observe(double busy_s, uint64_t total_bytes);
+  // Bytes/s; 0 until short_bytes have arrived.
+  double rate() const { return rate_; }
+  // Drops detected so far.
+  int drops() const { return drops_; }
+
+ private:
+  // Rate over the newest window of at least `bytes` and `seconds` (its first
+  // point's index in *start), or 0.
+  double WindowRate(uint64_t bytes, double seconds, size_t* start) const;
+  Options options_;
+  std::deque<std::pair<double, uint64_t>> history_;  // (busy_s, total), oldest first
+  double rate_ = 0;
+  int drops_ = 0;
 };
 
 }  // namespace cachegen

@@ -3,9 +3,14 @@
 // each chunk's quality level to the measured bandwidth (LevelPlanner).
 //
 // Fetch looks up the longest cached prefix, then requests chunks in order
-// with up to `inflight` requests outstanding, decodes chunk i while later
+// with up to `inflight` requests outstanding (and at most `read_ahead` chunks
+// requested or fetched ahead of the decoder), decodes chunk i while later
 // chunks are in flight, and hands each decoded chunk to the callback in chunk
-// order as soon as it is ready, so an engine can inject progressively. Chunks
+// order as soon as it is ready, on the calling thread, so an engine can
+// inject progressively. The adaptive client measures the link while frames
+// arrive (stores that report progress: the service client), and when the
+// rate falls it re-requests chunks in flight at a coarser level if the
+// deadline needs it (LevelPlanner::Replan with InFlight). Chunks
 // the planner gives up on (they cannot arrive in time even at the coarsest
 // level and recomputing them is cheaper) and chunks that fail (missing,
 // corrupt, unreachable) are not delivered: they are returned in `recompute`.
@@ -31,15 +36,22 @@ struct StreamOptions {
   double deadline_ms = 1000;           // from the call to Fetch
   double recompute_tokens_per_s = 0;   // engine's prefill speed; 0 = never plan recompute
   uint32_t inflight = 4;               // requests outstanding at once (>= 1)
-  // Adaptive only: beyond the first outstanding request, issue another only
-  // while the outstanding bytes take less than this at the estimated
-  // bandwidth. Enough to keep a fast link busy; bounds what a bandwidth drop
-  // strands in flight at levels chosen for the old rate.
+  // Chunks requested or fetched but not yet decoded, at most (>= 1; the
+  // in-flight requests count). Bounds the frames held in memory when the
+  // decoder is the slower stage, and keeps level choices for later chunks
+  // until the decode times seen so far can inform them.
+  uint32_t read_ahead = 8;
+  // Adaptive only: beyond two outstanding requests, issue another only while
+  // the outstanding bytes take less than this at the estimated bandwidth.
+  // Enough to keep a fast link busy; bounds what a bandwidth drop strands in
+  // flight at levels chosen for the old rate (re-issuing coarser handles the
+  // rest).
   double queue_ms = 10;
   int fixed_level = -1;                // >= 0: always this level (no adaptation; a baseline)
   double initial_bandwidth_bytes_s = 0;  // prior; 0 = unknown (the first chunk alone probes, at the finest level)
   double smoothing = 0.5;              // EWMA weight of the newest bandwidth sample
   double safety = 0.9;                 // share of the estimated bandwidth the plan may use
+  double reserve = 0.05;               // share of the deadline the plan keeps free (PlannerOptions::reserve)
   uint32_t levels = kMaxChunkLevels;   // levels to look up per chunk
   uint32_t decode_threads = 1;
   DType dtype = DType::kF16;           // dtype of the delivered tensors
@@ -66,6 +78,8 @@ struct StreamResult {
   double decode_ms = 0;             // summed decode time of delivered chunks (overlaps transfers)
   bool deadline_met = false;
   double bandwidth_bytes_s = 0;  // final estimate
+  uint32_t reissued = 0;         // requests abandoned and re-issued at a coarser level
+  uint64_t abandoned_bytes = 0;  // bytes those had received (moved over the link, not delivered)
 };
 
 class StreamClient {

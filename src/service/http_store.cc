@@ -8,11 +8,12 @@
 #include "cachegen/codec.h"
 #include "cachegen/service.h"
 #include "stream/lookup.h"
+#include "stream/progress_get.h"
 
 namespace cachegen {
 namespace {
 
-class HttpStore final : public ChunkStore, public PrefixLookupProvider {
+class HttpStore final : public ChunkStore, public PrefixLookupProvider, public ProgressGetProvider {
  public:
   HttpStore(std::string url, std::string host, int port, ClientOptions options)
       : url_(std::move(url)), host_(std::move(host)), port_(port), options_(std::move(options)) {}
@@ -30,8 +31,17 @@ class HttpStore final : public ChunkStore, public PrefixLookupProvider {
   }
 
   Result<std::vector<uint8_t>> Get(const ChunkKey& key, uint32_t level) override {
-    auto res = Send([&](httplib::Client& c) { return c.Get(Path(key, level), Headers()); });
+    return GetWithProgress(key, level, nullptr);
+  }
+
+  Result<std::vector<uint8_t>> GetWithProgress(const ChunkKey& key, uint32_t level,
+                                               const Progress& progress) override {
+    auto res = Send([&](httplib::Client& c) {
+      if (!progress) return c.Get(Path(key, level), Headers());
+      return c.Get(Path(key, level), Headers(), [&](uint64_t received, uint64_t) { return progress(received); });
+    });
     if (!res) {
+      if (res.error() == httplib::Error::Canceled) return Status::IOError("service " + url_ + ": cancelled");
       misses_++;
       return NetError(res.error());
     }

@@ -1,12 +1,17 @@
 // StreamClient (include/cachegen/stream_client.h).
 #include "cachegen/stream_client.h"
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <memory>
 #include <deque>
 #include <mutex>
 #include <optional>
 #include <thread>
+
+#include "stream/progress_get.h"
 
 namespace cachegen {
 namespace {
@@ -15,53 +20,66 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
-struct Job {
-  uint32_t index = 0;
+// One request: what the client and its fetch thread share.
+struct Ticket {
+  uint64_t id = 0;
+  uint32_t chunk = 0;
   uint32_t level = 0;
+  std::atomic<uint64_t> received{0};  // frame bytes arrived so far
+  std::atomic<bool> cancel{false};    // abandon it (stores with progress only)
 };
 
 struct Done {
+  std::shared_ptr<Ticket> ticket;
   Result<std::vector<uint8_t>> frame = Status::Internal("not fetched");
-  uint32_t level = 0;
-  Clock::time_point issued, finished;
+  Clock::time_point finished;
 };
 
-// Fetch workers: jobs in, results out in the order they finished. It also
-// keeps the link's idle periods (nothing requested and unfinished), so that
-// bandwidth is measured over busy time only.
+// Fetch workers: requests in, results out in the order they finished. It
+// counts the bytes that arrived for every request (abandoned ones too: they
+// used the link) and keeps the link's idle periods (nothing requested and
+// unfinished), so that bandwidth is measured over busy time only.
 class Fetcher {
  public:
-  Fetcher(ChunkStore* store, std::span<const ChunkKey> keys, uint32_t threads) : store_(store), keys_(keys) {
+  Fetcher(ChunkStore* store, std::span<const ChunkKey> keys, uint32_t threads)
+      : store_(store), progress_(dynamic_cast<ProgressGetProvider*>(store)), keys_(keys) {
     for (uint32_t i = 0; i < threads; ++i) threads_.emplace_back([this] { Run(); });
   }
   ~Fetcher() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       stop_ = true;
+      for (auto& t : jobs_) t->cancel = true;
     }
     cv_.notify_all();
     for (auto& t : threads_) t.join();
   }
-  void Issue(Job job) {
+  std::shared_ptr<Ticket> Issue(uint32_t chunk, uint32_t level) {
+    auto t = std::make_shared<Ticket>();
+    t->chunk = chunk;
+    t->level = level;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      t->id = ++last_id_;
       const Clock::time_point now = Clock::now();
       if (active_ == 0 && finished_any_) idle_.emplace_back(last_finish_, now);
       ++active_;
-      jobs_.push_back({job, now});
+      jobs_.push_back(t);
     }
     cv_.notify_one();
+    return t;
   }
-  // The earliest finished job not yet taken: blocks until there is one, or
-  // returns nothing at once when `wait` is false and none is there.
-  std::optional<std::pair<uint32_t, Done>> Next(bool wait) {
+  // The earliest finished request not yet taken, waiting up to `wait_s`.
+  std::optional<Done> Next(double wait_s) {
     std::unique_lock<std::mutex> lock(mu_);
-    if (wait) done_cv_.wait(lock, [this] { return !done_.empty(); });
+    if (wait_s > 0)
+      done_cv_.wait_for(lock, std::chrono::duration<double>(wait_s), [this] { return !done_.empty(); });
     if (done_.empty()) return std::nullopt;
-    std::pair<uint32_t, Done> r = std::move(done_.front());
+    Done r = std::move(done_.front());
     done_.pop_front();
     return r;
   }
+  uint64_t received() const { return received_.load(); }
   // Seconds in [from, to] during which the link had work (requests issued
   // and not finished).
   double BusySeconds(Clock::time_point from, Clock::time_point to) {
@@ -71,42 +89,63 @@ class Fetcher {
       const Clock::time_point lo = std::max(a, from), hi = std::min(b, to);
       if (hi > lo) idle += Seconds(lo, hi);
     }
+    if (active_ == 0 && finished_any_ && to > std::max(last_finish_, from))
+      idle += Seconds(std::max(last_finish_, from), to);
     return std::max(0.0, Seconds(from, to) - idle);
   }
 
  private:
   void Run() {
     for (;;) {
-      std::pair<Job, Clock::time_point> job;
+      std::shared_ptr<Ticket> t;
       {
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait(lock, [this] { return stop_ || !jobs_.empty(); });
         if (stop_) return;
-        job = jobs_.front();
+        t = jobs_.front();
         jobs_.pop_front();
       }
       Done d;
-      d.level = job.first.level;
-      d.issued = job.second;
-      d.frame = store_->Get(keys_[job.first.index], job.first.level);
+      d.ticket = t;
+      if (t->cancel) {
+        d.frame = Status::IOError("cancelled");
+      } else if (progress_) {
+        uint64_t seen = 0;
+        d.frame = progress_->GetWithProgress(keys_[t->chunk], t->level, [&](uint64_t received) {
+          if (received < seen) seen = 0;  // the store retried on a new connection
+          received_ += received - seen;
+          seen = received;
+          t->received = received;
+          return !t->cancel.load();
+        });
+      } else {
+        d.frame = store_->Get(keys_[t->chunk], t->level);
+        if (d.frame.ok()) {
+          received_ += d.frame->size();
+          t->received = d.frame->size();
+        }
+      }
       {
         std::lock_guard<std::mutex> lock(mu_);
         d.finished = Clock::now();  // under the lock: done_ stays in finish order
         --active_;
         last_finish_ = std::max(last_finish_, d.finished);
         finished_any_ = true;
-        done_.emplace_back(job.first.index, std::move(d));
+        done_.push_back(std::move(d));
       }
       done_cv_.notify_one();
     }
   }
 
   ChunkStore* store_;
+  ProgressGetProvider* progress_;
   std::span<const ChunkKey> keys_;
   std::mutex mu_;
   std::condition_variable cv_, done_cv_;
-  std::deque<std::pair<Job, Clock::time_point>> jobs_;
-  std::deque<std::pair<uint32_t, Done>> done_;
+  std::deque<std::shared_ptr<Ticket>> jobs_;
+  std::deque<Done> done_;
+  uint64_t last_id_ = 0;
+  std::atomic<uint64_t> received_{0};
   uint32_t active_ = 0;
   bool finished_any_ = false;
   Clock::time_point last_finish_{};
@@ -123,6 +162,7 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
     return Status::InvalidArgument("stream: " + std::to_string(chunk_tokens.size()) + " chunk sizes for " +
                                    std::to_string(keys.size()) + " keys");
   if (options.inflight < 1) return Status::InvalidArgument("stream: inflight must be >= 1");
+  if (options.read_ahead < 1) return Status::InvalidArgument("stream: read-ahead must be >= 1");
   if (!(options.deadline_ms > 0)) return Status::InvalidArgument("stream: deadline must be > 0");
   if (options.fixed_level >= static_cast<int>(kMaxChunkLevels))
     return Status::InvalidArgument("stream: fixed level must be < 8");
@@ -144,42 +184,84 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
   popts.initial_bandwidth_bytes_s = options.initial_bandwidth_bytes_s;
   popts.smoothing = options.smoothing;
   popts.safety = options.safety;
+  popts.reserve = options.reserve;
   LevelPlanner planner(std::move(plan_chunks), popts);
+  const bool adaptive = options.fixed_level < 0;
 
-  Fetcher fetcher(store_, keys.first(n), options.inflight);
+  // Twice the pipeline's threads: an abandoned request holds its thread until
+  // its next bytes arrive, and must not delay the request that replaces it.
+  Fetcher fetcher(store_, keys.first(n), 2 * options.inflight);
   std::vector<std::optional<Done>> ready(n);
-  std::vector<bool> skipped(n, false);  // recompute chosen at issue time
-  std::vector<uint64_t> issued_bytes(n, 0);
+  std::vector<bool> skipped(n, false);  // recompute chosen at issue time, or failed
   std::vector<int> issued_level(n, -1);
-  uint32_t next_issue = 0, next_deliver = 0, outstanding = 0;
-  uint64_t outstanding_bytes = 0;
-  // Bandwidth samples: the bytes of the last `inflight` completions (in
-  // finish order) over the link's busy time since the completion before
-  // them. With several requests sharing the link they progress together and
-  // finish in bursts, so one gap between two completions says little; a
-  // window as deep as the pipeline spans one "round" of it.
-  std::deque<std::pair<Clock::time_point, uint64_t>> window;  // (finish, bytes) of the last completions
-  Clock::time_point window_start{};                            // finish of the one before them, or first issue
+  std::vector<std::shared_ptr<Ticket>> flight;  // requests outstanding, in chunk order
+  uint32_t next_issue = 0, next_deliver = 0;
+  RateEstimator rate;
+  Clock::time_point first_issue{};
   bool issued_any = false;
 
   auto fail = [&](uint32_t i, const std::string& why) {
     result.errors.push_back("chunk " + std::to_string(i) + " (" + keys[i].Hex() + "): " + why);
     skipped[i] = true;
   };
+  auto frame_bytes = [&](uint32_t c, int level) { return found[c].level_bytes[level]; };
+  auto send = [&](uint32_t c, int level) {
+    if (!issued_any) first_issue = Clock::now();
+    issued_any = true;
+    issued_level[c] = level;
+    return fetcher.Issue(c, static_cast<uint32_t>(level));
+  };
+  // The link's rate from the bytes arrived so far, then the planner's view of
+  // the requests in flight.
+  auto observe = [&] {
+    if (!issued_any) return;
+    rate.Observe(fetcher.BusySeconds(first_issue, Clock::now()), fetcher.received());
+    planner.SetBandwidth(rate.rate());
+  };
+  auto in_flight = [&] {
+    std::vector<InFlight> v;
+    for (const auto& t : flight) v.push_back({t->chunk, static_cast<int>(t->level), t->received.load()});
+    return v;
+  };
+  auto pending_decode = [&] {  // fetched, not yet decoded
+    double s = 0;
+    for (uint32_t c = next_deliver; c < next_issue; ++c)
+      if (ready[c] && !skipped[c]) s += planner.DecodeSeconds(c, issued_level[c]);
+    return s;
+  };
+  // Adaptive: abandon requests in flight that the deadline needs at a
+  // coarser level, and request those chunks again.
+  auto reissue = [&] {
+    if (!adaptive || flight.empty() || planner.bandwidth() <= 0) return;
+    const Plan plan = planner.Replan(next_issue, Seconds(t0, Clock::now()), in_flight(), pending_decode());
+    for (size_t i = 0; i < plan.reissue.size(); ++i) {
+      if (plan.reissue[i] < 0) continue;
+      std::shared_ptr<Ticket>& t = flight[i];
+      t->cancel = true;
+      ++result.reissued;
+      result.abandoned_bytes += t->received.load();
+      t = send(t->chunk, plan.reissue[i]);
+    }
+  };
   auto issue = [&] {  // while there is room; while the bandwidth is unknown, one probe
-    while (next_issue < n && outstanding < options.inflight &&
-           (options.fixed_level >= 0 || planner.bandwidth() > 0 || outstanding == 0)) {
+    while (next_issue < n && flight.size() < options.inflight && next_issue - next_deliver < options.read_ahead &&
+           (!adaptive || planner.bandwidth() > 0 || flight.empty())) {
       int level;
-      if (options.fixed_level >= 0) {
+      if (!adaptive) {
         level = planner.Resolve(next_issue, options.fixed_level);
       } else {
-        // Beyond one request, keep at most queue_ms of transfer outstanding.
-        if (outstanding > 0 && static_cast<double>(outstanding_bytes) / planner.bandwidth() * 1000.0 >= options.queue_ms)
+        // Beyond two requests, keep at most queue_ms of transfer outstanding.
+        // Two: the second keeps the link busy while this thread decodes
+        // between the first's completion and the next request (with one, a
+        // slow link idles for a decode per chunk).
+        uint64_t outstanding = 0;
+        for (const auto& t : flight) {
+          const uint64_t b = frame_bytes(t->chunk, static_cast<int>(t->level)), r = t->received.load();
+          outstanding += b > r ? b - r : 0;
+        }
+        if (flight.size() >= 2 && static_cast<double>(outstanding) / planner.bandwidth() * 1000.0 >= options.queue_ms)
           break;
-        double pending_decode = 0;
-        for (uint32_t c = next_deliver; c < next_issue; ++c)
-          if (!skipped[c]) pending_decode += planner.DecodeSeconds(c, issued_level[c]);
-        const Plan plan = planner.Replan(next_issue, Seconds(t0, Clock::now()), outstanding_bytes, pending_decode);
+        const Plan plan = planner.Replan(next_issue, Seconds(t0, Clock::now()), in_flight(), pending_decode());
         level = plan.decisions[0].level;
       }
       if (level < 0) {
@@ -187,35 +269,21 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
         ++next_issue;
         continue;
       }
-      issued_bytes[next_issue] = found[next_issue].level_bytes[level];
-      issued_level[next_issue] = level;
-      outstanding_bytes += issued_bytes[next_issue];
-      if (!issued_any) window_start = Clock::now();
-      issued_any = true;
-      fetcher.Issue({next_issue, static_cast<uint32_t>(level)});
-      ++outstanding;
+      flight.push_back(send(next_issue, level));
       ++next_issue;
     }
   };
-  auto complete = [&](uint32_t i, Done d) {
-    --outstanding;
-    outstanding_bytes -= issued_bytes[i];
-    if (d.frame.ok()) {
-      result.bytes += d.frame->size();
-      window.emplace_back(d.finished, d.frame->size());
-      if (window.size() > options.inflight) {
-        window_start = window.front().first;
-        window.pop_front();
-      }
-      uint64_t bytes = 0;
-      for (const auto& w : window) bytes += w.second;
-      planner.OnDelivered(bytes, fetcher.BusySeconds(window_start, d.finished));
-    }
-    ready[i] = std::move(d);
+  auto complete = [&](Done d) {
+    auto it = std::find(flight.begin(), flight.end(), d.ticket);
+    if (it == flight.end()) return;  // abandoned and re-issued
+    flight.erase(it);
+    if (d.frame.ok()) result.bytes += d.frame->size();
+    ready[d.ticket->chunk] = std::move(d);
   };
   // Decodes and hands over chunk next_deliver when it is there; false if not.
   auto deliver_one = [&]() -> bool {
-    if (next_deliver >= n || !(skipped[next_deliver] || ready[next_deliver])) return false;
+    if (next_deliver >= n || next_deliver >= next_issue || !(skipped[next_deliver] || ready[next_deliver]))
+      return false;
     const uint32_t i = next_deliver++;
     if (skipped[i]) return true;
     Done d = std::move(*ready[i]);
@@ -239,26 +307,30 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
     result.decode_ms += Seconds(dec0, Clock::now()) * 1000.0;
     StreamedChunk chunk;
     chunk.index = i;
-    chunk.level = d.level;
+    chunk.level = d.ticket->level;
     chunk.token_start = info->token_start;
     chunk.bytes = d.frame->size();
     chunk.kv = &kv;
     if (on_chunk) on_chunk(chunk);
-    planner.OnProcessed(Seconds(dec0, Clock::now()), static_cast<int>(d.level));
-    result.levels[i] = static_cast<int>(d.level);
+    planner.OnProcessed(Seconds(dec0, Clock::now()), static_cast<int>(d.ticket->level));
+    result.levels[i] = static_cast<int>(d.ticket->level);
     return true;
   };
 
-  // Between two decodes: take every finished fetch, then refill the pipeline,
-  // so requests are issued with the newest estimate and the link does not
-  // idle while chunks are decoded.
+  // Between two decodes: take every finished fetch, measure, re-issue what
+  // the deadline needs coarser, then refill the pipeline, so requests are
+  // issued with the newest estimate and the link does not idle while chunks
+  // are decoded. With nothing to decode, wait for a fetch a tick at a time
+  // (the estimate follows the bytes arriving meanwhile).
+  constexpr double kTickS = 0.002;
   while (next_deliver < n) {
-    while (auto r = fetcher.Next(false)) complete(r->first, std::move(r->second));
+    while (auto r = fetcher.Next(0)) complete(std::move(*r));
+    observe();
+    reissue();
     issue();
     if (deliver_one()) continue;
-    if (outstanding == 0) continue;  // everything left was skipped or is issuable
-    auto r = fetcher.Next(true);
-    complete(r->first, std::move(r->second));
+    if (flight.empty()) continue;  // everything left was skipped or is issuable
+    if (auto r = fetcher.Next(kTickS)) complete(std::move(*r));
   }
   for (uint32_t i = 0; i < n; ++i)
     if (result.levels[i] < 0) result.recompute.push_back(i);

@@ -28,6 +28,10 @@ void LevelPlanner::OnDelivered(uint64_t bytes, double seconds) {
                    : sample;
 }
 
+void LevelPlanner::SetBandwidth(double bytes_per_s) {
+  if (bytes_per_s > 0) bandwidth_ = bytes_per_s;
+}
+
 void LevelPlanner::OnProcessed(double seconds, int level) {
   if (!(seconds >= 0)) return;
   auto ewma = [&](double old, bool have) { return have ? options_.smoothing * seconds + (1 - options_.smoothing) * old : seconds; };
@@ -43,11 +47,10 @@ double LevelPlanner::DecodeSeconds(uint32_t c, int level) const {
   const int l = Resolve(c, level);
   if (l < 0) return 0;
   if (decode_seen_[l]) return decode_s_[l];
-  // Not seen yet: scale the nearest level seen by the bytes per level.
+  // Not seen yet: the nearest level seen, finer first (see planner.h).
   for (int d = 1; d < levels_; ++d)
     for (int s : {l - d, l + d})
-      if (s >= 0 && s < levels_ && decode_seen_[s] && level_total_[s] > 0)
-        return decode_s_[s] * level_total_[l] / level_total_[s];
+      if (s >= 0 && s < levels_ && decode_seen_[s]) return decode_s_[s];
   return 0;
 }
 
@@ -74,18 +77,58 @@ uint64_t LevelPlanner::Bytes(uint32_t c, int level) const {
   return l < 0 ? 0 : chunks_[c].level_bytes[l];
 }
 
+// One chunk still to plan: not requested yet (cur < 0), or in flight at
+// level cur with `left` bytes still to come.
+struct LevelPlanner::Slot {
+  uint32_t c = 0;
+  int cur = -1;
+  uint64_t left = 0;
+};
+
 Plan LevelPlanner::Replan(uint32_t first, double elapsed_s, uint64_t outstanding_bytes,
                           double pending_decode_s) const {
+  return Solve(first, elapsed_s, outstanding_bytes, {}, pending_decode_s);
+}
+
+Plan LevelPlanner::Replan(uint32_t first, double elapsed_s, std::span<const InFlight> inflight,
+                          double pending_decode_s) const {
+  return Solve(first, elapsed_s, 0, inflight, pending_decode_s);
+}
+
+Plan LevelPlanner::Solve(uint32_t first, double elapsed_s, uint64_t kept_bytes, std::span<const InFlight> inflight,
+                         double pending_decode_s) const {
   Plan plan;
   const uint32_t n = static_cast<uint32_t>(chunks_.size());
   first = std::min(first, n);
   plan.first = first;
   plan.decisions.resize(n - first);
-  auto decision = [&](uint32_t c) -> ChunkDecision& { return plan.decisions[c - first]; };
+  plan.reissue.assign(inflight.size(), -1);
+
+  std::vector<Slot> slots;
+  for (const InFlight& f : inflight) {
+    if (f.chunk >= n || f.level < 0 || f.level >= levels_) continue;
+    const uint64_t bytes = f.level < static_cast<int>(chunks_[f.chunk].level_bytes.size())
+                               ? chunks_[f.chunk].level_bytes[f.level]
+                               : 0;
+    slots.push_back({f.chunk, f.level, bytes > f.received ? bytes - f.received : 0});
+  }
+  const size_t n_inflight = slots.size();
+  for (uint32_t c = first; c < n; ++c) slots.push_back({c, -1, 0});
+  std::vector<int> level(slots.size(), -1);
+  auto finish = [&] {
+    for (size_t i = 0, k = 0; i < inflight.size(); ++i) {
+      const InFlight& f = inflight[i];
+      if (f.chunk >= n || f.level < 0 || f.level >= levels_) continue;
+      if (level[k] != f.level) plan.reissue[i] = level[k];
+      ++k;
+    }
+    for (size_t k = n_inflight; k < slots.size(); ++k) plan.decisions[slots[k].c - first].level = level[k];
+    return plan;
+  };
 
   if (bandwidth_ <= 0) {  // unknown: probe at the finest level (see planner.h)
-    for (uint32_t c = first; c < n; ++c) decision(c).level = Resolve(c, 0);
-    return plan;
+    for (size_t k = 0; k < slots.size(); ++k) level[k] = slots[k].cur >= 0 ? slots[k].cur : Resolve(slots[k].c, 0);
+    return finish();
   }
   const double inf = std::numeric_limits<double>::infinity();
   const double bw = bandwidth_ * options_.safety;
@@ -96,73 +139,115 @@ Plan LevelPlanner::Replan(uint32_t first, double elapsed_s, uint64_t outstanding
   };
   // Two stages in a row: the link, then the decoder (one chunk at a time).
   auto expected = [&](uint64_t fetch_bytes, double decode_s, uint64_t recompute_tokens) {
-    const double transfer = static_cast<double>(outstanding_bytes + fetch_bytes) / bw + tail_s_;
+    const double transfer = static_cast<double>(kept_bytes + fetch_bytes) / bw + tail_s_;
     const double decode = (pending_decode_s + decode_s) / options_.safety;
     return std::max(transfer, decode) + recompute_s(recompute_tokens);
   };
 
+  // A request in flight is re-issued at a coarser level only when that
+  // level's frame is clearly smaller than what is still to come: a new
+  // request also pays a round trip, and the old one's next burst.
+  constexpr double kReissueGain = 0.9;
+  auto reissuable = [&](const Slot& s, int l) {
+    return l < static_cast<int>(chunks_[s.c].level_bytes.size()) && chunks_[s.c].level_bytes[l] > 0 &&
+           static_cast<double>(chunks_[s.c].level_bytes[l]) < kReissueGain * static_cast<double>(s.left);
+  };
+  // Level of slot s in a plan at uniform level L (-1: recompute).
+  auto level_at = [&](const Slot& s, int L) {
+    const int l = Resolve(s.c, L);
+    if (s.cur < 0) return l;
+    return l > s.cur && reissuable(s, l) ? l : s.cur;
+  };
+  auto bytes_at = [&](const Slot& s, int l) -> uint64_t {
+    if (l < 0) return 0;
+    return l == s.cur ? s.left : Bytes(s.c, l);
+  };
+  auto decode_at = [&](const Slot& s, int l) { return l < 0 ? 0.0 : DecodeSeconds(s.c, l); };
+  // The next finer level of slot s from l; -1 if none.
+  auto finer = [&](const Slot& s, int l) {
+    if (l <= 0) return -1;
+    if (s.cur < 0) {
+      const int f = Resolve(s.c, l - 1);
+      return f >= 0 && f < l ? f : -1;
+    }
+    if (l <= s.cur) return -1;
+    for (int k = l - 1; k > s.cur; --k)
+      if (reissuable(s, k)) return k;
+    return s.cur;
+  };
+
   // Chunks with no stored level can only be recomputed.
   uint64_t forced_tokens = 0;
-  for (uint32_t c = first; c < n; ++c)
-    if (Coarsest(c) < 0) forced_tokens += chunks_[c].tokens;
+  for (const Slot& s : slots)
+    if (s.cur < 0 && Coarsest(s.c) < 0) forced_tokens += chunks_[s.c].tokens;
   const double forced_s = recompute_s(forced_tokens);
 
   // 1. The finest uniform level that fits both stages, then upgrades one
   // level finer, earliest chunks first, while both still fit.
-  const double byte_budget = (left - forced_s - tail_s_) * bw - static_cast<double>(outstanding_bytes);
+  const double byte_budget = (left - forced_s - tail_s_) * bw - static_cast<double>(kept_bytes);
   const double decode_budget = (left - forced_s) * options_.safety - pending_decode_s;
   auto upgrade = [&](double byte_slack, double decode_slack, uint64_t* total, double* decode) {
-    for (uint32_t c = first; c < n; ++c) {
-      const int l = decision(c).level;
-      if (l <= 0) continue;
-      const int finer = Resolve(c, l - 1);
-      if (finer < 0 || finer >= l) continue;
-      const double db = static_cast<double>(Bytes(c, finer)) - static_cast<double>(Bytes(c, l));
-      const double dd = DecodeSeconds(c, finer) - DecodeSeconds(c, l);
+    for (size_t k = 0; k < slots.size(); ++k) {
+      if (level[k] < 0) continue;
+      const int f = finer(slots[k], level[k]);
+      if (f < 0) continue;
+      const double db =
+          static_cast<double>(bytes_at(slots[k], f)) - static_cast<double>(bytes_at(slots[k], level[k]));
+      const double dd = decode_at(slots[k], f) - decode_at(slots[k], level[k]);
       if (db <= byte_slack && dd <= decode_slack) {
-        decision(c).level = finer;
         byte_slack -= db;
         decode_slack -= dd;
-        *total += static_cast<uint64_t>(db);
+        *total = static_cast<uint64_t>(static_cast<double>(*total) + db);
         *decode += dd;
+        level[k] = f;
       }
     }
   };
-  for (int L = 0; L < std::max(levels_, 1); ++L) {
+  // Uniform level L: bytes and decode time of every slot.
+  auto uniform = [&](int L, uint64_t* total, double* decode) {
+    *total = 0;
+    *decode = 0;
+    for (size_t k = 0; k < slots.size(); ++k) {
+      if (level[k] == -2) continue;  // recompute (phase 2)
+      const int l = level_at(slots[k], L);
+      *total += bytes_at(slots[k], l);
+      *decode += decode_at(slots[k], l);
+    }
+  };
+  auto apply = [&](int L) {
+    for (size_t k = 0; k < slots.size(); ++k)
+      if (level[k] != -2) level[k] = level_at(slots[k], L);
+  };
+  const int coarsest_uniform = std::max(levels_, 1) - 1;
+  for (int L = 0; L <= coarsest_uniform; ++L) {
     uint64_t total = 0;
     double decode = 0;
-    for (uint32_t c = first; c < n; ++c) {
-      total += Bytes(c, L);
-      decode += DecodeSeconds(c, L);
-    }
+    uniform(L, &total, &decode);
     if (static_cast<double>(total) > byte_budget || decode > decode_budget) continue;
-    for (uint32_t c = first; c < n; ++c) decision(c).level = Resolve(c, L);
+    apply(L);
     if (L > 0) upgrade(byte_budget - static_cast<double>(total), decode_budget - decode, &total, &decode);
     plan.feasible = true;
     plan.expected_s = expected(total, decode, forced_tokens);
-    return plan;
+    return finish();
   }
 
   // 2. Even the coarsest level is late: recompute, latest chunks first, where
   // recomputing is cheaper than fetching at the coarsest level.
   uint64_t fetch = 0, recompute = forced_tokens;
   double decode = 0;
-  for (uint32_t c = first; c < n; ++c) {
-    decision(c).level = Coarsest(c);
-    fetch += Bytes(c, decision(c).level);
-    decode += DecodeSeconds(c, decision(c).level);
-  }
+  apply(coarsest_uniform);
+  uniform(coarsest_uniform, &fetch, &decode);
   auto fits = [&] { return expected(fetch, decode, recompute) <= left; };
   if (rate > 0) {
-    for (uint32_t c = n; c-- > first && !fits();) {
-      if (decision(c).level < 0) continue;
-      const double fetch_s = std::max(static_cast<double>(Bytes(c, decision(c).level)) / bw,
-                                      DecodeSeconds(c, decision(c).level));
-      if (static_cast<double>(chunks_[c].tokens) / rate < fetch_s) {
-        fetch -= Bytes(c, decision(c).level);
-        decode -= DecodeSeconds(c, decision(c).level);
-        recompute += chunks_[c].tokens;
-        decision(c).level = -1;
+    for (size_t k = slots.size(); k-- > n_inflight && !fits();) {
+      if (level[k] < 0) continue;
+      const Slot& s = slots[k];
+      const double fetch_s = std::max(static_cast<double>(bytes_at(s, level[k])) / bw, decode_at(s, level[k]));
+      if (static_cast<double>(chunks_[s.c].tokens) / rate < fetch_s) {
+        fetch -= bytes_at(s, level[k]);
+        decode -= decode_at(s, level[k]);
+        recompute += chunks_[s.c].tokens;
+        level[k] = -2;
       }
     }
   }
@@ -172,8 +257,69 @@ Plan LevelPlanner::Replan(uint32_t first, double elapsed_s, uint64_t outstanding
     const double spare = left - plan.expected_s;
     upgrade(spare * bw, spare * options_.safety, &fetch, &decode);
     plan.expected_s = expected(fetch, decode, recompute);
+  } else {
+    // Late anyway: the finest uniform level expected to end (about) as early
+    // as the coarsest. A decode-bound transfer ends no sooner at coarser
+    // levels when they decode as slowly, and a few ms of lateness are not
+    // worth a level.
+    const double tolerance = 0.01 * options_.deadline_s;
+    for (int L = 0; L < coarsest_uniform; ++L) {
+      uint64_t f = 0;
+      double d = 0;
+      uniform(L, &f, &d);
+      if (expected(f, d, recompute) <= plan.expected_s + tolerance) {
+        apply(L);
+        plan.expected_s = expected(f, d, recompute);
+        break;
+      }
+    }
   }
-  return plan;
+  for (int& l : level)
+    if (l == -2) l = -1;
+  return finish();
+}
+
+void RateEstimator::Observe(double busy_s, uint64_t total_bytes) {
+  if (!history_.empty() && (busy_s < history_.back().first || total_bytes < history_.back().second)) return;
+  // A silent stretch (nothing arrived) keeps only its first and newest
+  // points: the newest makes the windows see the silence.
+  if (history_.size() >= 2 && history_[history_.size() - 2].second == total_bytes &&
+      history_.back().second == total_bytes)
+    history_.back().first = busy_s;
+  else
+    history_.emplace_back(busy_s, total_bytes);
+
+  size_t short_start = 0;
+  const double short_rate = WindowRate(options_.short_bytes, options_.short_s, &short_start);
+  if (short_rate > 0 && rate_ > 0 && short_rate < options_.drop_ratio * rate_) {
+    rate_ = short_rate;
+    ++drops_;
+    history_.erase(history_.begin(), history_.begin() + static_cast<std::ptrdiff_t>(short_start));
+    return;
+  }
+  size_t long_start = 0;
+  const double long_rate = WindowRate(options_.long_bytes, options_.long_s, &long_start);
+  if (long_rate > 0) {
+    rate_ = long_rate;
+    // Nothing older than the long window is needed again.
+    history_.erase(history_.begin(), history_.begin() + static_cast<std::ptrdiff_t>(long_start));
+  } else if (short_rate > 0) {
+    rate_ = short_rate;
+  }
+}
+
+double RateEstimator::WindowRate(uint64_t bytes, double seconds, size_t* start) const {
+  if (history_.size() < 2) return 0;
+  const auto& [t1, b1] = history_.back();
+  // The newest point at least `bytes` and `seconds` before the last one.
+  for (size_t i = history_.size() - 1; i-- > 0;) {
+    const auto& [t0, b0] = history_[i];
+    if (b1 - b0 >= bytes && t1 - t0 >= seconds && t1 > t0) {
+      *start = i;
+      return static_cast<double>(b1 - b0) / (t1 - t0);
+    }
+  }
+  return 0;
 }
 
 }  // namespace cachegen

@@ -120,31 +120,150 @@ TEST(Planner, BandwidthEstimateIsSmoothed) {
   EXPECT_DOUBLE_EQ(p.bandwidth(), 500);
 }
 
-TEST(Planner, DecodeTimesPerLevelAndScaledForUnseenLevels) {
+TEST(Planner, DecodeTimesPerLevelAndNearestForUnseenLevels) {
   LevelPlanner p(Chunks(4), Opts(1.0, 1e9));
   EXPECT_EQ(p.DecodeSeconds(0, 0), 0) << "unknown before any chunk was processed";
   p.OnProcessed(0.010, 0);
   EXPECT_DOUBLE_EQ(p.DecodeSeconds(1, 0), 0.010);
-  // Level 3 not seen: level 0's time scaled by the bytes (0.42 MB vs 1 MB).
-  EXPECT_NEAR(p.DecodeSeconds(1, 3), 0.010 * 0.421875, 1e-12);
+  // Level 3 not seen: level 0's time (a coarse level decodes about as fast).
+  EXPECT_DOUBLE_EQ(p.DecodeSeconds(1, 3), 0.010);
   p.OnProcessed(0.008, 3);
   EXPECT_DOUBLE_EQ(p.DecodeSeconds(1, 3), 0.008);
-  EXPECT_NEAR(p.DecodeSeconds(1, 2), 0.008 * 0.5625 / 0.421875, 1e-12) << "nearest seen level";
+  EXPECT_DOUBLE_EQ(p.DecodeSeconds(1, 1), 0.010) << "nearest seen level, finer first";
+  EXPECT_DOUBLE_EQ(p.DecodeSeconds(1, 2), 0.008);
 }
 
 TEST(Planner, DecodeBoundTransfersPickFasterDecodingLevels) {
   // A fast link (4 MB in 4 ms) but 100 ms of decode per level-0 chunk and
-  // 50 ms per level-3 chunk (levels 1 and 2 scaled from the nearest: 75 and
-  // 67 ms): with 0.21 s left only level 3 fits 4 chunks.
+  // 50 ms per level-3 chunk (level 1 takes level 0's, level 2 level 3's):
+  // with 0.21 s left only levels 2 and 3 fit 4 chunks; level 2 is finer.
   LevelPlanner p(Chunks(4), Opts(0.21, 1e9));
   EXPECT_EQ(p.Replan(0, 0, 0).decisions[0].level, 0) << "no decode times known yet";
   p.OnProcessed(0.100, 0);
   p.OnProcessed(0.050, 3);
   Plan plan = p.Replan(0, 0, 0);
   EXPECT_TRUE(plan.feasible);
-  for (auto d : plan.decisions) EXPECT_EQ(d.level, 3);
+  for (auto d : plan.decisions) EXPECT_EQ(d.level, 2);
   // Decode already ahead (pending) counts too: nothing fits then.
   EXPECT_FALSE(p.Replan(0, 0, 0, 0.2).feasible);
+}
+
+TEST(Planner, LateDecodeBoundPlanKeepsLevelsThatAreNoSlower) {
+  // Decode-bound and late whatever the level: every level decodes in 100 ms
+  // per chunk, the link is fast. Coarser chunks would end no sooner, so the
+  // late plan stays at the finest level instead of the coarsest.
+  LevelPlanner p(Chunks(4), Opts(0.2, 1e9));
+  p.OnProcessed(0.100, 0);
+  p.OnProcessed(0.100, 3);
+  Plan plan = p.Replan(0, 0, 0);
+  EXPECT_FALSE(plan.feasible);
+  for (auto d : plan.decisions) EXPECT_EQ(d.level, 0);
+  // Transfer-bound and late: coarsest (it ends sooner).
+  LevelPlanner slow(Chunks(4), Opts(0.2, 1e6));
+  for (auto d : slow.Replan(0, 0, 0).decisions) EXPECT_EQ(d.level, 3);
+}
+
+TEST(Planner, InFlightRequestsKeptWhileTheDeadlineAllows) {
+  // 8 chunks at 10 MB/s, 1 s: level 0 (0.8 s) fits; the two requests in
+  // flight at level 0 are kept.
+  LevelPlanner p(Chunks(8), Opts(1.0, 1e7));
+  const std::vector<InFlight> flight = {{0, 0, 500000}, {1, 0, 0}};
+  Plan plan = p.Replan(2, 0, flight);
+  EXPECT_TRUE(plan.feasible);
+  ASSERT_EQ(plan.reissue.size(), 2u);
+  EXPECT_EQ(plan.reissue[0], -1);
+  EXPECT_EQ(plan.reissue[1], -1);
+  ASSERT_EQ(plan.decisions.size(), 6u);
+  for (auto d : plan.decisions) EXPECT_EQ(d.level, 0);
+}
+
+TEST(Planner, RateDropReissuesInFlightRequestsCoarser) {
+  // Requested at level 0 for a fast link; the link fell to 1 MB/s with 1.9 s
+  // left for 4 chunks. Keeping both level-0 requests (0.5 + 1 MB still to
+  // come) and level 3 for the rest takes 2.34 s: late. Re-requesting chunk 1
+  // at level 3 (0.42 MB) fits (1.77 s); chunk 0 has too little left to gain
+  // (0.42 MB at level 3 is not 10 % less than its 0.5 MB) and is kept.
+  LevelPlanner p(Chunks(4), Opts(2.0, 1e6));
+  const std::vector<InFlight> flight = {{0, 0, 500000}, {1, 0, 0}};
+  Plan plan = p.Replan(2, 0.1, flight);
+  EXPECT_TRUE(plan.feasible);
+  ASSERT_EQ(plan.reissue.size(), 2u);
+  EXPECT_EQ(plan.reissue[0], -1);
+  EXPECT_EQ(plan.reissue[1], 3);
+  for (auto d : plan.decisions) EXPECT_EQ(d.level, 3);
+  EXPECT_NEAR(plan.expected_s, 0.5 + 3 * 0.421875, 1e-6);
+}
+
+TEST(Planner, ReissueOnlyToCoarserAndCheaperLevels) {
+  // A request in flight at level 2 that the plan would upgrade to level 0
+  // is never re-issued finer; one at level 3 is never re-issued at all.
+  LevelPlanner p(Chunks(4), Opts(10.0, 1e7));
+  const std::vector<InFlight> flight = {{0, 2, 0}, {1, 3, 0}};
+  Plan plan = p.Replan(2, 0, flight);
+  EXPECT_TRUE(plan.feasible);
+  EXPECT_EQ(plan.reissue[0], -1);
+  EXPECT_EQ(plan.reissue[1], -1);
+  EXPECT_EQ(plan.decisions[0].level, 0);
+  // Slack for some upgrades only: a re-issued chunk may come back one level
+  // finer than the uniform level, but not finer than its request in flight
+  // would give for free... (here: tight, 1 MB/s, chunk 0 at level 0 with
+  // nothing received is re-issued at level 2 or 3, never kept at 0).
+  LevelPlanner tight(Chunks(4), Opts(2.0, 1e6));
+  const std::vector<InFlight> f0 = {{0, 0, 0}};
+  Plan t = tight.Replan(1, 0, f0);
+  EXPECT_TRUE(t.feasible);
+  EXPECT_GE(t.reissue[0], 2);
+}
+
+TEST(RateEstimator, SteadyRateFromTheLongWindow) {
+  RateEstimator r;  // 1 MB / 20 ms long window, 256 KB / 5 ms short window
+  EXPECT_EQ(r.rate(), 0);
+  // 10 MB/s in bursts of 64 KB every 6.5536 ms.
+  const double burst_s = 65536.0 / 1e7;
+  for (int i = 1; i <= 40; ++i) r.Observe(i * burst_s, 65536ull * i);
+  EXPECT_NEAR(r.rate(), 1e7, 1e3);
+  EXPECT_EQ(r.drops(), 0);
+}
+
+TEST(RateEstimator, FirstEstimateFromTheShortWindow) {
+  RateEstimator r;
+  r.Observe(0, 0);
+  r.Observe(0.004, 200000);
+  EXPECT_EQ(r.rate(), 0) << "under 256 KB";
+  r.Observe(0.006, 300000);
+  EXPECT_NEAR(r.rate(), 5e7, 1);
+}
+
+TEST(RateEstimator, DropTakenAtOnceAndSilenceCounts) {
+  RateEstimator r;
+  uint64_t total = 0;
+  double t = 0;
+  for (int i = 0; i < 100; ++i, t += 0.001, total += 125000) r.Observe(t, total);  // 125 MB/s
+  EXPECT_NEAR(r.rate(), 1.25e8, 1e6);
+  // The rate falls tenfold: within a few ms of it the estimate follows.
+  for (int i = 0; i < 10; ++i, t += 0.001, total += 12500) r.Observe(t, total);
+  EXPECT_EQ(r.drops(), 1);
+  EXPECT_LT(r.rate(), 0.5 * 1.25e8);
+  for (int i = 0; i < 100; ++i, t += 0.001, total += 12500) r.Observe(t, total);
+  EXPECT_NEAR(r.rate(), 1.25e7, 1e5);
+  // Nothing arrives for 50 ms while requests are out: that is a drop too.
+  for (int i = 0; i < 50; ++i, t += 0.001) r.Observe(t, total);
+  EXPECT_EQ(r.drops(), 2);
+  EXPECT_LT(r.rate(), 0.5 * 1.25e7);
+}
+
+TEST(RateEstimator, ShortStallOnAFastLinkIsNoDrop) {
+  // 1 GB/s with one 2 ms stall (the reading thread descheduled): the short
+  // window spans at least 5 ms, so the stall costs 40 % of it, not a drop.
+  RateEstimator r;
+  uint64_t total = 0;
+  double t = 0;
+  for (int i = 0; i < 100; ++i, t += 0.0005, total += 500000) r.Observe(t, total);
+  t += 0.002;
+  r.Observe(t, total);
+  for (int i = 0; i < 4; ++i, t += 0.0005, total += 500000) r.Observe(t, total);
+  EXPECT_EQ(r.drops(), 0);
+  EXPECT_GT(r.rate(), 0.7e9);
 }
 
 TEST(Planner, RecomputesLateChunksWhenCheaper) {

@@ -21,12 +21,6 @@ double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_cloc
   return std::chrono::duration<double>(b - a).count();
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 // Median seconds of `reps` runs of fn (fn returns a Status; the first failure wins).
 template <typename Fn>
 Result<double> TimeMedian(uint32_t reps, Fn&& fn) {

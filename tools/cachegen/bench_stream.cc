@@ -19,9 +19,10 @@ namespace {
 
 struct BenchStreamArgs {
   std::string synthetic = "8,8,128,4096";
-  uint32_t chunk_tokens = 256, levels = 4, inflight = 4;
+  uint32_t chunk_tokens = 256, levels = 4, inflight = 4, reps = 3, decode_threads = 1;
   double recompute_tps = 0;
   std::string factors = "0.3,0.5,0.75,1,1.5";
+  std::string traces = "0.1gbit,1gbit,10gbit,drop";
 };
 
 struct Trace {
@@ -29,11 +30,35 @@ struct Trace {
   std::vector<RateStep> steps;
 };
 
+// Outcomes of one client, counted per trial (one rep of one row: every
+// client once, back to back) and per row (medians over the reps).
 struct Stat {
   int trials = 0, met = 0, feasible = 0, feasible_met = 0, not_worse = 0;
+  int rows = 0, row_met = 0, row_feasible = 0, row_feasible_met = 0, row_not_worse = 0;
   double level_sum = 0, bytes = 0, recomputed = 0;
   int delivered = 0;
 };
+
+double MeanLevel(const StreamResult& r, int* n) {
+  double s = 0;
+  *n = 0;
+  for (int l : r.levels)
+    if (l >= 0) s += l, ++*n;
+  return *n ? s / *n : 0.0;
+}
+
+// Level 0's transfer time over a trace (for a drop: at the first rate until
+// the drop, then at the second).
+double TransferSeconds(const Trace& tr, double bytes) {
+  double s = 0, moved = 0;
+  for (size_t k = 0; k < tr.steps.size() && moved < bytes; ++k) {
+    const double span = k + 1 < tr.steps.size() ? tr.steps[k + 1].start_s - tr.steps[k].start_s : 1e30;
+    const double take = std::min(bytes - moved, span * tr.steps[k].bytes_per_s);
+    s += take / tr.steps[k].bytes_per_s;
+    moved += take;
+  }
+  return s;
+}
 
 int RunBenchStream(const BenchStreamArgs& a) {
   Result<SyntheticSpec> spec = ParseSyntheticSpec(a.synthetic);
@@ -57,24 +82,32 @@ int RunBenchStream(const BenchStreamArgs& a) {
   std::vector<double> level_bytes(a.levels, 0);
   for (const auto& c : found)
     for (uint32_t l = 0; l < a.levels && l < c.level_bytes.size(); ++l) level_bytes[l] += c.level_bytes[l];
+  const uint32_t reps = std::max(a.reps, 1u);
 
-  // Time to fetch and decode the whole context at each level from the local
-  // store (median of 3 runs after a warm-up); level 0's is added to every deadline.
-  std::vector<double> local_ms(a.levels);
-  for (uint32_t l = 0; l < a.levels; ++l) {
+  // Time to fetch and decode the whole context at level 0 from the local
+  // store, median of 3 runs after a warm-up; it is added to the deadlines.
+  // Measured again before every row: the machine's load drifts, and a
+  // deadline set from a quiet moment is infeasible for every client later.
+  // Every client, this one included, decodes with decode_threads.
+  auto local_ms = [&](int level) -> Result<double> {
     StreamOptions local;
     local.deadline_ms = 1e9;
-    local.fixed_level = static_cast<int>(l);
+    local.fixed_level = level;
+    local.decode_threads = a.decode_threads;
     std::vector<double> ms;
     for (int rep = 0; rep < 4; ++rep) {
       Result<StreamResult> dec = StreamClient(store->get()).FetchTokens(root, tokens, a.chunk_tokens, local, nullptr);
-      if (!dec.ok()) return Fail(dec.status());
+      if (!dec.ok()) return dec.status();
       if (rep > 0) ms.push_back(dec->elapsed_ms);
     }
-    std::sort(ms.begin(), ms.end());
-    local_ms[l] = ms[ms.size() / 2];
+    return Median(ms);
+  };
+  std::vector<double> local_level_ms;
+  for (uint32_t l = 0; l < a.levels; ++l) {
+    Result<double> ms = local_ms(static_cast<int>(l));
+    if (!ms.ok()) return Fail(ms.status());
+    local_level_ms.push_back(*ms);
   }
-  const double decode_ms = local_ms[0];
 
   ServiceOptions sopts;
   sopts.threads = 16;
@@ -83,21 +116,29 @@ int RunBenchStream(const BenchStreamArgs& a) {
   char drop_name[64];
   std::snprintf(drop_name, sizeof drop_name, "1gbit->0.1gbit@%.0fms", drop_at * 1000);
   traces.push_back({drop_name, {{0, 1e9 / 8}, {drop_at, 0.1e9 / 8}}});
+  const std::vector<std::string> wanted = SplitList(a.traces);
+  std::erase_if(traces, [&](const Trace& t) {
+    const std::string key = t.name.rfind("1gbit->", 0) == 0 ? "drop" : t.name;
+    return std::find(wanted.begin(), wanted.end(), key) == wanted.end();
+  });
 
   std::printf("bench-stream: %s, %u chunks of %u tokens, levels %u; MB per level:", kv->shape().ToString().c_str(),
               static_cast<unsigned>(keys.size()), a.chunk_tokens, a.levels);
   for (double b : level_bytes) std::printf(" %.2f", b / 1e6);
   std::printf("; local fetch+decode ms per level:");
-  for (double ms : local_ms) std::printf(" %.0f", ms);
-  std::printf(" (level 0's added to deadlines); recompute %g tok/s; inflight %u\n", a.recompute_tps, a.inflight);
-  std::printf("%-24s %9s | %-28s | %5s | %-20s | %s\n", "trace", "deadline", "adaptive met/level/MB/recomp", "ms",
-              "warm met/level/ms", "fixed levels 0..N-1 met (elapsed ms)");
+  for (double ms : local_level_ms) std::printf(" %.0f", ms);
+  std::printf(" (level 0's, measured again per row, added to deadlines); recompute %g tok/s; inflight %u; decode threads %u; %u reps per row, "
+              "clients interleaved\n",
+              a.recompute_tps, a.inflight, a.decode_threads, reps);
+  std::printf("%-22s %10s | %-36s | %-16s | %s\n", "trace", "deadline",
+              "adaptive met/R lvl MB reiss ms[min-max]", "warm met/R lvl ms", "fixed levels 0..N-1: met/R (median ms)");
 
   // "adaptive" starts cold (no bandwidth known: it probes with the first
   // chunk); "warm" starts from the estimate its previous fetch over the same
   // link ended with, as a long-lived client (llama-serve) does.
   std::vector<std::string> names = {"adaptive", "warm"};
   for (uint32_t l = 0; l < a.levels; ++l) names.push_back("fixed-" + std::to_string(l));
+  const size_t k = names.size();
   std::map<std::string, Stat> stats;
   std::vector<double> factors;
   for (const std::string& f : SplitList(a.factors)) factors.push_back(std::stod(f));
@@ -112,88 +153,132 @@ int RunBenchStream(const BenchStreamArgs& a) {
     Result<std::unique_ptr<ChunkStore>> remote =
         ConnectService("http://127.0.0.1:" + std::to_string((*svc)->port()));
     if (!remote.ok()) return Fail(remote.status());
-    // Level 0's transfer time over this trace (for a drop: at the first rate
-    // until the drop, then at the second).
-    double level0_s = 0, moved = 0;
-    for (size_t k = 0; k < tr.steps.size() && moved < level_bytes[0]; ++k) {
-      const double span = k + 1 < tr.steps.size() ? tr.steps[k + 1].start_s - tr.steps[k].start_s : 1e30;
-      const double take = std::min(level_bytes[0] - moved, span * tr.steps[k].bytes_per_s);
-      level0_s += take / tr.steps[k].bytes_per_s;
-      moved += take;
-    }
+    const double level0_s = TransferSeconds(tr, level_bytes[0]);
     for (double f : factors) {
-      const double deadline = decode_ms + f * level0_s * 1000.0;
-      std::vector<StreamResult> results;
-      for (size_t c = 0; c < names.size(); ++c) {
-        StreamOptions o;
-        o.deadline_ms = deadline;
-        o.fixed_level = c < kAdaptive ? -1 : static_cast<int>(c - kAdaptive);
-        if (c == 1) o.initial_bandwidth_bytes_s = warm_bandwidth;
-        o.inflight = a.inflight;
-        o.recompute_tokens_per_s = a.recompute_tps;
-        o.levels = a.levels;
-        link_ptr->Restart();
-        Result<StreamResult> r =
-            StreamClient(remote->get()).FetchTokens(root, tokens, a.chunk_tokens, o, nullptr);
-        if (!r.ok()) return Fail(r.status());
-        if (c == 1) warm_bandwidth = r->bandwidth_bytes_s;
-        results.push_back(std::move(r).value());
+      Result<double> decode_ms = local_ms(0);
+      if (!decode_ms.ok()) return Fail(decode_ms.status());
+      const double deadline = *decode_ms + f * level0_s * 1000.0;
+      // results[rep][client]. Rep r runs the clients in an order rotated by
+      // r, so no client always runs first or last after the others (the
+      // machine's load drifts within a row too).
+      std::vector<std::vector<StreamResult>> results(reps, std::vector<StreamResult>(k));
+      for (uint32_t rep = 0; rep < reps; ++rep) {
+        for (size_t j = 0; j < k; ++j) {
+          const size_t c = (j + rep) % k;
+          StreamOptions o;
+          o.deadline_ms = deadline;
+          o.fixed_level = c < kAdaptive ? -1 : static_cast<int>(c - kAdaptive);
+          if (c == 1) o.initial_bandwidth_bytes_s = warm_bandwidth;
+          o.inflight = a.inflight;
+          o.recompute_tokens_per_s = a.recompute_tps;
+          o.levels = a.levels;
+          o.decode_threads = a.decode_threads;
+          link_ptr->Restart();
+          Result<StreamResult> r =
+              StreamClient(remote->get()).FetchTokens(root, tokens, a.chunk_tokens, o, nullptr);
+          if (!r.ok()) return Fail(r.status());
+          if (c == 1) warm_bandwidth = r->bandwidth_bytes_s;
+          results[rep][c] = std::move(r).value();
+        }
+      }
+      // Per trial: feasible = some fixed client met it in the same rep.
+      for (uint32_t rep = 0; rep < reps; ++rep) {
+        int best_fixed = -1;
+        for (uint32_t l = 0; l < a.levels && best_fixed < 0; ++l)
+          if (results[rep][l + kAdaptive].deadline_met) best_fixed = static_cast<int>(l);
+        for (size_t c = 0; c < k; ++c) {
+          Stat& s = stats[names[c]];
+          const StreamResult& r = results[rep][c];
+          int n = 0;
+          const double ml = MeanLevel(r, &n);
+          ++s.trials;
+          s.met += r.deadline_met;
+          s.level_sum += ml * n;
+          s.delivered += n;
+          s.bytes += static_cast<double>(r.bytes + r.abandoned_bytes);
+          s.recomputed += static_cast<double>(r.recompute.size());
+          if (best_fixed >= 0) {
+            ++s.feasible;
+            s.feasible_met += r.deadline_met;
+            s.not_worse += r.deadline_met && r.recompute.empty() && ml <= best_fixed + 1e-9;
+          }
+        }
+      }
+      // Per row: each client's median elapsed time and median mean level
+      // over the reps; feasible = some fixed client's median met it.
+      std::vector<double> med_ms(k), med_level(k), min_ms(k), max_ms(k);
+      std::vector<int> met_count(k, 0);
+      std::vector<bool> any_recompute(k, false);
+      for (size_t c = 0; c < k; ++c) {
+        std::vector<double> ms, lv;
+        for (uint32_t rep = 0; rep < reps; ++rep) {
+          const StreamResult& r = results[rep][c];
+          int n = 0;
+          ms.push_back(r.elapsed_ms);
+          lv.push_back(MeanLevel(r, &n));
+          met_count[c] += r.deadline_met;
+          any_recompute[c] = any_recompute[c] || !r.recompute.empty();
+        }
+        med_ms[c] = Median(ms);
+        med_level[c] = Median(lv);
+        min_ms[c] = *std::min_element(ms.begin(), ms.end());
+        max_ms[c] = *std::max_element(ms.begin(), ms.end());
       }
       int best_fixed = -1;
-      for (uint32_t l = 0; l < a.levels; ++l)
-        if (results[l + kAdaptive].deadline_met) {
-          best_fixed = static_cast<int>(l);
-          break;
-        }
-      auto mean_level = [](const StreamResult& r, int* n) {
-        double s = 0;
-        *n = 0;
-        for (int l : r.levels)
-          if (l >= 0) s += l, ++*n;
-        return *n ? s / *n : 0.0;
-      };
-      for (size_t c = 0; c < names.size(); ++c) {
+      for (uint32_t l = 0; l < a.levels && best_fixed < 0; ++l)
+        if (med_ms[l + kAdaptive] <= deadline) best_fixed = static_cast<int>(l);
+      for (size_t c = 0; c < k; ++c) {
         Stat& s = stats[names[c]];
-        const StreamResult& r = results[c];
-        int n = 0;
-        const double ml = mean_level(r, &n);
-        ++s.trials;
-        s.met += r.deadline_met;
-        s.level_sum += ml * n;
-        s.delivered += n;
-        s.bytes += static_cast<double>(r.bytes);
-        s.recomputed += static_cast<double>(r.recompute.size());
+        const bool met = med_ms[c] <= deadline;
+        ++s.rows;
+        s.row_met += met;
         if (best_fixed >= 0) {
-          ++s.feasible;
-          s.feasible_met += r.deadline_met;
-          s.not_worse += r.deadline_met && r.recompute.empty() && ml <= best_fixed + 1e-9;
+          ++s.row_feasible;
+          s.row_feasible_met += met;
+          s.row_not_worse += met && !any_recompute[c] && med_level[c] <= best_fixed + 1e-9;
         }
       }
-      int n = 0;
-      const double ml = mean_level(results[0], &n);
-      char adaptive[64];
-      std::snprintf(adaptive, sizeof adaptive, "%s %.2f %6.2f %zu", results[0].deadline_met ? "yes" : "NO ", ml,
-                    static_cast<double>(results[0].bytes) / 1e6, results[0].recompute.size());
-      std::printf("%-24s %7.0fms | %-28s | %5.0f |", tr.name.c_str(), deadline, adaptive, results[0].elapsed_ms);
-      std::printf(" %s %.2f %5.0f |", results[1].deadline_met ? "yes" : "NO ", mean_level(results[1], &n),
-                  results[1].elapsed_ms);
+      double reissued = 0, moved = 0;
+      for (uint32_t rep = 0; rep < reps; ++rep) {
+        reissued += results[rep][0].reissued;
+        moved += static_cast<double>(results[rep][0].bytes + results[rep][0].abandoned_bytes);
+      }
+      char adaptive[96], warm[48];
+      std::snprintf(adaptive, sizeof adaptive, "%s %u/%u %.2f %5.2f %3.1f %4.0f[%.0f-%.0f]",
+                    med_ms[0] <= deadline ? "yes" : "NO ", static_cast<unsigned>(met_count[0]), reps, med_level[0],
+                    moved / reps / 1e6, reissued / reps, med_ms[0], min_ms[0], max_ms[0]);
+      std::snprintf(warm, sizeof warm, "%s %u/%u %.2f %4.0f", med_ms[1] <= deadline ? "yes" : "NO ",
+                    static_cast<unsigned>(met_count[1]), reps, med_level[1], med_ms[1]);
+      std::printf("%-22s %4.0f+%4.0fms | %-36s | %-16s |", tr.name.c_str(), *decode_ms, deadline - *decode_ms,
+                  adaptive, warm);
       for (uint32_t l = 0; l < a.levels; ++l)
-        std::printf(" %s(%.0f)", results[l + kAdaptive].deadline_met ? "yes" : "no", results[l + kAdaptive].elapsed_ms);
+        std::printf(" %s%u/%u(%.0f)", med_ms[l + kAdaptive] <= deadline ? "+" : "-",
+                    static_cast<unsigned>(met_count[l + kAdaptive]), reps, med_ms[l + kAdaptive]);
       std::printf("\n");
     }
     remote->reset();
     (*svc)->Stop();
   }
-  std::printf("\n%-10s %7s %14s %11s %10s %10s %20s\n", "client", "met%", "met%feasible", "mean-level", "MB/trial",
-              "recomp/tr", "not-worse-than-best");
+  std::printf("\nPer trial (one rep of one row):\n%-10s %7s %14s %11s %10s %10s %20s\n", "client", "met%",
+              "met%feasible", "mean-level", "MB/trial", "recomp/tr", "not-worse-than-best");
   for (const std::string& name : names) {
     const Stat& s = stats[name];
     std::printf("%-10s %6.1f%% %13.1f%% %11.2f %10.2f %10.2f %14d/%d\n", name.c_str(), 100.0 * s.met / s.trials,
                 s.feasible ? 100.0 * s.feasible_met / s.feasible : 0.0, s.delivered ? s.level_sum / s.delivered : 0.0,
                 s.bytes / s.trials / 1e6, s.recomputed / s.trials, s.not_worse, s.feasible);
   }
-  std::printf("feasible = some fixed-level client met the deadline in the same run; not-worse = met, nothing "
-              "recomputed, mean level <= the finest fixed level that met it (0 = finest)\n");
+  std::printf("\nPer row (medians of %u reps):\n%-10s %7s %14s %20s\n", reps, "client", "met%", "met%feasible",
+              "not-worse-than-best");
+  for (const std::string& name : names) {
+    const Stat& s = stats[name];
+    std::printf("%-10s %6.1f%% %13.1f%% %14d/%d\n", name.c_str(), 100.0 * s.row_met / s.rows,
+                s.row_feasible ? 100.0 * s.row_feasible_met / s.row_feasible : 0.0, s.row_not_worse,
+                s.row_feasible);
+  }
+  std::printf("feasible = some fixed-level client met the deadline (per trial: in the same rep; per row: by its median "
+              "time); not-worse = met, nothing recomputed, mean level <= the finest fixed level that met it (0 = "
+              "finest; per row: median mean level); MB counts abandoned requests' bytes; row columns: met/R = reps "
+              "that met it, yes/NO and +/- = the median met it\n");
   return 0;
 }
 
@@ -205,6 +290,12 @@ const bool kRegistered = RegisterCommand(45, [](CLI::App& root) -> CommandRunner
   sub->add_option("--chunk-tokens", a->chunk_tokens, "Tokens per chunk")->capture_default_str();
   sub->add_option("--levels", a->levels, "Quality levels")->capture_default_str();
   sub->add_option("--inflight", a->inflight, "Requests in flight")->capture_default_str();
+  sub->add_option("--traces", a->traces, "Links to run: 0.1gbit, 1gbit, 10gbit, drop (1 -> 0.1 Gbit/s)")
+      ->capture_default_str();
+  sub->add_option("--reps", a->reps, "Runs of every client per row (interleaved; rows report medians)")
+      ->capture_default_str();
+  sub->add_option("--decode-threads", a->decode_threads, "Decode threads of every client (and the local measure)")
+      ->capture_default_str();
   sub->add_option("--recompute-tps", a->recompute_tps, "Engine recompute speed (tokens/s; 0 = never)")
       ->capture_default_str();
   sub->add_option("--deadline-factors", a->factors,

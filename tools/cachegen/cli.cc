@@ -83,6 +83,12 @@ int Fail(const Status& st) {
   return 1;
 }
 
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
 std::vector<std::string> SplitList(const std::string& s) {
   std::vector<std::string> out;
   size_t pos = 0;

@@ -57,6 +57,9 @@ int Fail(const Status& st);
 // Splits "a,b,,c" into {"a","b","c"} (empty parts dropped).
 std::vector<std::string> SplitList(const std::string& s);
 
+// Median of v (mean of the middle two for an even count; 0 when empty).
+double Median(std::vector<double> v);
+
 // Parses "L,H,D,T[,seed]" (the part after "synthetic:", or --synthetic's value).
 struct SyntheticSpec {
   KVShape shape;

@@ -47,12 +47,6 @@ struct BenchTtftArgs {
   bool json = false;
 };
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
 // Real text for the prompt (repeated to length) when the shared data is
 // there; otherwise a fixed pseudo-random token sequence.
 std::vector<int32_t> PromptOf(const LlamaModel& model, const std::string& text_path, uint32_t n) {
