@@ -35,7 +35,10 @@
 // request the chunk again at a coarser level: it plans the in-flight chunks
 // with the rest, where keeping a request costs the bytes still to come and
 // re-requesting costs the new level's whole frame (only offered when that is
-// clearly less), so a request is re-issued only when the deadline needs it.
+// clearly less). Only when keeping every request in flight makes the
+// deadline infeasible (the whole deadline: the reserve is the margin for
+// the estimate's swings): abandoning one also wastes its received bytes and
+// the link time of its next burst, so small swings must not trigger it.
 #pragma once
 
 #include <cstddef>

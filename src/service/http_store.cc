@@ -36,12 +36,18 @@ class HttpStore final : public ChunkStore, public PrefixLookupProvider, public P
 
   Result<std::vector<uint8_t>> GetWithProgress(const ChunkKey& key, uint32_t level,
                                                const Progress& progress) override {
-    auto res = Send([&](httplib::Client& c) {
-      if (!progress) return c.Get(Path(key, level), Headers());
-      return c.Get(Path(key, level), Headers(), [&](uint64_t received, uint64_t) { return progress(received); });
-    });
+    bool abandoned = false;  // the caller's progress said stop
+    auto res = Send(
+        [&](httplib::Client& c) {
+          if (!progress) return c.Get(Path(key, level), Headers());
+          return c.Get(Path(key, level), Headers(), [&](uint64_t received, uint64_t) {
+            abandoned = !progress(received);
+            return !abandoned;
+          });
+        },
+        &abandoned);
     if (!res) {
-      if (res.error() == httplib::Error::Canceled) return Status::IOError("service " + url_ + ": cancelled");
+      if (abandoned) return Status::IOError("service " + url_ + ": cancelled");
       misses_++;
       return NetError(res.error());
     }
@@ -141,12 +147,14 @@ class HttpStore final : public ChunkStore, public PrefixLookupProvider, public P
   // idempotent (PUT stores the same bytes again, lookup only reads), so one
   // that failed in transport, with no answer (a kept-alive connection the
   // server had closed, a connection lost while the server's accept queue was
-  // full), is sent once more on a new connection.
+  // full), is sent once more on a new connection; one the caller abandoned
+  // (*abandoned set by its progress callback) is not.
   template <typename F>
-  httplib::Result Send(const F& request) {
+  httplib::Result Send(const F& request, const bool* abandoned = nullptr) {
     auto c = Take();
     httplib::Result res = request(*c);
-    if (!res && res.error() != httplib::Error::Connection && res.error() != httplib::Error::ConnectionTimeout) {
+    if (!res && res.error() != httplib::Error::Connection && res.error() != httplib::Error::ConnectionTimeout &&
+        !(abandoned && *abandoned)) {
       c = Take(/*fresh=*/true);
       res = request(*c);
     }

@@ -194,6 +194,7 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
   std::vector<std::optional<Done>> ready(n);
   std::vector<bool> skipped(n, false);  // recompute chosen at issue time, or failed
   std::vector<int> issued_level(n, -1);
+  std::vector<bool> reissued(n, false);
   std::vector<std::shared_ptr<Ticket>> flight;  // requests outstanding, in chunk order
   uint32_t next_issue = 0, next_deliver = 0;
   RateEstimator rate;
@@ -235,8 +236,11 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
     if (!adaptive || flight.empty() || planner.bandwidth() <= 0) return;
     const Plan plan = planner.Replan(next_issue, Seconds(t0, Clock::now()), in_flight(), pending_decode());
     for (size_t i = 0; i < plan.reissue.size(); ++i) {
-      if (plan.reissue[i] < 0) continue;
       std::shared_ptr<Ticket>& t = flight[i];
+      // Once per chunk: a chunk already re-issued for a drop keeps its
+      // second request (a chain of abandons would feed on its own waste).
+      if (plan.reissue[i] < 0 || reissued[t->chunk]) continue;
+      reissued[t->chunk] = true;
       t->cancel = true;
       ++result.reissued;
       result.abandoned_bytes += t->received.load();

@@ -104,6 +104,28 @@ Plan LevelPlanner::Solve(uint32_t first, double elapsed_s, uint64_t kept_bytes, 
   plan.decisions.resize(n - first);
   plan.reissue.assign(inflight.size(), -1);
 
+  // Re-issuing costs the bytes received and the old request's next burst:
+  // only when keeping every request in flight makes the deadline infeasible.
+  if (!inflight.empty() && bandwidth_ > 0) {
+    uint64_t kept = kept_bytes;
+    double kept_decode = pending_decode_s;
+    for (const InFlight& f : inflight) {
+      if (f.chunk >= n || f.level < 0 || f.level >= levels_) continue;
+      const uint64_t bytes = Bytes(f.chunk, f.level);
+      kept += bytes > f.received ? bytes - f.received : 0;
+      kept_decode += DecodeSeconds(f.chunk, f.level);
+    }
+    // Feasible within the whole deadline, reserve included: the reserve is
+    // the margin for the estimate's swings, and a plan that spent its slack
+    // on upgrades turns "infeasible" at the smallest one.
+    const double reserve_s = options_.reserve * options_.deadline_s;
+    if (Solve(first, elapsed_s - reserve_s, kept, {}, kept_decode).feasible) {
+      Plan keep = Solve(first, elapsed_s, kept, {}, kept_decode);
+      keep.reissue.assign(inflight.size(), -1);
+      return keep;
+    }
+  }
+
   std::vector<Slot> slots;
   for (const InFlight& f : inflight) {
     if (f.chunk >= n || f.level < 0 || f.level >= levels_) continue;

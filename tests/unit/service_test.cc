@@ -3,6 +3,7 @@
 // streaming client, corruption, metrics, rate limiting, slow clients.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -13,6 +14,7 @@
 #include "cachegen/stream.h"
 #include "cachegen/stream_client.h"
 #include "service_util.h"
+#include "stream/progress_get.h"
 
 namespace cachegen {
 namespace {
@@ -350,6 +352,47 @@ TEST_P(ServiceTest, RateLimitShapesGets) {
   EXPECT_EQ(*got, (*frames)[0]);
   // Lower bound only: the bucket may pass one 64 KB burst early.
   EXPECT_GE(s, (bytes - 65536) / 5e6) << bytes << " bytes";
+}
+
+TEST_P(ServiceTest, ProgressReadsReportAndCancel) {
+  if (GetParam() != "mem") GTEST_SKIP() << "backend-independent";
+  TestContext c = MakeContext(16);
+  c.kv = std::move(SyntheticKV({8, 8, 128, 64}, DType::kF16, 3)).value();
+  c.config.levels = 1;
+  c.config.bits_per_value = 8;
+  c.config.chunk_tokens = 64;
+  auto frames = Encoder::Create(c.config)->EncodeChunk(c.kv.view(), 0, 64);
+  ASSERT_TRUE(frames.ok());
+  const std::vector<uint8_t>& frame = (*frames)[0];
+  ASSERT_GT(frame.size(), 100000u);
+  ASSERT_TRUE(client_->Put(kKey, 0, frame).ok());
+  auto* progressive = dynamic_cast<ProgressGetProvider*>(client_.get());
+  ASSERT_NE(progressive, nullptr) << "the service client reports progress";
+
+  std::vector<uint64_t> seen;
+  auto got = progressive->GetWithProgress(kKey, 0, [&](uint64_t received) {
+    seen.push_back(received);
+    return true;
+  });
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, frame);
+  ASSERT_FALSE(seen.empty());
+  EXPECT_TRUE(std::is_sorted(seen.begin(), seen.end()));
+  EXPECT_EQ(seen.back(), frame.size());
+
+  // Abandoned after the first bytes: an error naming the cancel, not a miss,
+  // not retried; the store keeps working.
+  const uint64_t misses = client_->stats().misses;
+  int calls = 0;
+  auto cancelled = progressive->GetWithProgress(kKey, 0, [&](uint64_t) { return ++calls < 2; });
+  ASSERT_FALSE(cancelled.ok());
+  EXPECT_EQ(cancelled.status().code(), StatusCode::kIOError);
+  EXPECT_NE(cancelled.status().message().find("cancelled"), std::string::npos) << cancelled.status().ToString();
+  EXPECT_EQ(calls, 2) << "not sent again after the caller abandoned it";
+  EXPECT_EQ(client_->stats().misses, misses);
+  auto again = client_->Get(kKey, 0);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, frame);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, ServiceTest, ::testing::Values("mem", "file"));
