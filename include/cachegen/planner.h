@@ -5,7 +5,8 @@
 // requested, which level to fetch or whether to recompute it from its text.
 //
 // Model. Chunks are fetched in order over one link of estimated bandwidth B
-// (bytes/s, "down at once, up smoothed"), then decoded one at a time (a
+// (bytes/s: SetBandwidth from a RateEstimator, or OnDelivered samples "down
+// at once, up smoothed"), then decoded one at a time (a
 // second stage, overlapping the first); recomputing a chunk of n tokens costs
 // n / R seconds (R = the engine's recompute speed, tokens/s, supplied by the
 // caller; 0 = the engine cannot recompute), counted after both (a
