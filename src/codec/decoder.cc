@@ -130,17 +130,7 @@ Status Decoder::Decode(const KVView& out, uint32_t level, uint32_t threads) cons
     const ChunkEntry& e = info_.chunks[c];
     CG_ASSIGN_OR_RETURN(std::span<const uint8_t> frame, Frame(static_cast<uint32_t>(c), level));
     CG_ASSIGN_OR_RETURN(ParsedFrame p, ParseFrame(frame));
-    const FrameHeader& h = p.header;
-    const std::string where = "chunk " + std::to_string(c) + " level " + std::to_string(level);
-    auto codec = CodecById(static_cast<uint8_t>(h.codec));
-    if (!codec.ok() || (*codec)->name() != info_.codec)
-      return Status::Corrupt(where + " frame codec differs from the container's");
-    if (h.dtype != info_.dtype) return Status::Corrupt(where + " frame dtype differs from the container's");
-    if (h.level != level) return Status::Corrupt(where + " frame has level " + std::to_string(h.level));
-    if (h.shape.layers != info_.shape.layers || h.shape.kv_heads != info_.shape.kv_heads ||
-        h.shape.head_dim != info_.shape.head_dim || h.shape.tokens != e.tokens)
-      return Status::Corrupt(where + " frame shape " + h.shape.ToString() + " differs from the index");
-    if (h.token_start != e.token_start) return Status::Corrupt(where + " frame token_start differs from the index");
+    CG_RETURN_IF_ERROR(CheckFrameAgainstIndex(info_, static_cast<uint32_t>(c), level, p.header));
     return DecodeParsed(p, frame, out.Tokens(e.token_start - info_.token_start, e.tokens), inner);
   });
 }

@@ -627,9 +627,7 @@ void BuildTable(const uint32_t* freq, uint32_t e, uint32_t* table, TableForm for
 
 }  // namespace
 
-Status ParseStream(ByteReader& in, size_t n, ParsedStream* s, TableForm form) {
-  s->n = n;
-  s->form = form;
+Status ParseStreamHeader(ByteReader& in, size_t n, StreamHeader* s) {
   s->mode = in.U8();
   if (!in.ok()) return Corrupt("truncated before mode byte");
   if (s->mode == kModeEmpty) {
@@ -648,13 +646,12 @@ Status ParseStream(ByteReader& in, size_t n, ParsedStream* s, TableForm form) {
   const uint32_t e = in.U8();
   if (!in.ok()) return Corrupt("truncated escape threshold");
   if (e < kMinEscape || e > kMaxEscape) return Corrupt("escape threshold " + std::to_string(e) + " outside [2, 255]");
-  std::array<uint32_t, kMaxAlphabet> freq{};
   uint64_t sum = 0;
   for (uint32_t v = 0; v <= e; ++v) {
     const uint64_t f = in.Varint();
     if (!in.ok()) return Corrupt("truncated frequency table");
     if (f > kProbScale) return Corrupt("frequency " + std::to_string(f) + " exceeds 4096");
-    freq[v] = static_cast<uint32_t>(f);
+    s->freq[v] = static_cast<uint32_t>(f);
     sum += f;
   }
   if (sum != kProbScale) return Corrupt("frequency table sums to " + std::to_string(sum) + ", expected 4096");
@@ -673,19 +670,36 @@ Status ParseStream(ByteReader& in, size_t n, ParsedStream* s, TableForm form) {
   }
   // Each escape varint is at most 5 bytes (values are 32-bit).
   if (esc_len > 5ull * n) return Corrupt("escape area longer than the symbols could need");
-  if (esc_len > 0 && freq[e] == 0) return Corrupt("escape bytes present but the escape symbol has frequency 0");
+  if (esc_len > 0 && s->freq[e] == 0) return Corrupt("escape bytes present but the escape symbol has frequency 0");
   s->escape = e;
-  s->escape_used = freq[e] > 0;
+  s->escape_used = s->freq[e] > 0;
   s->lanes = lanes;
   s->esc = in.Bytes(esc_len);
   s->payload = in.Bytes(payload_len);
   if (!in.ok()) return Corrupt("truncated escape area or payload");
-
-  BuildTable(freq.data(), e, s->table, form);
   for (uint32_t j = 0; j < lanes; ++j) {
-    s->state[j] = Load16(s->payload.data() + 4 * j) | (Load16(s->payload.data() + 4 * j + 2) << 16);
-    if (s->state[j] < kL) return Corrupt("initial state of lane " + std::to_string(j) + " below 2^16");
+    const uint32_t x = Load16(s->payload.data() + 4 * j) | (Load16(s->payload.data() + 4 * j + 2) << 16);
+    if (x < kL) return Corrupt("initial state of lane " + std::to_string(j) + " below 2^16");
   }
+  return Status::Ok();
+}
+
+Status ParseStream(ByteReader& in, size_t n, ParsedStream* s, TableForm form) {
+  StreamHeader h;
+  s->n = n;
+  s->form = form;
+  CG_RETURN_IF_ERROR(ParseStreamHeader(in, n, &h));
+  s->mode = h.mode;
+  s->constant = h.constant;
+  if (h.mode != kModeRans) return Status::Ok();
+  s->escape = h.escape;
+  s->escape_used = h.escape_used;
+  s->lanes = h.lanes;
+  s->esc = h.esc;
+  s->payload = h.payload;
+  BuildTable(h.freq.data(), h.escape, s->table, form);
+  for (uint32_t j = 0; j < h.lanes; ++j)
+    s->state[j] = Load16(s->payload.data() + 4 * j) | (Load16(s->payload.data() + 4 * j + 2) << 16);
   return Status::Ok();
 }
 

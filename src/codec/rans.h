@@ -100,6 +100,19 @@ struct ParsedStream {
   std::span<const uint8_t> esc, payload;
 };
 Status ParseStream(ByteReader& in, size_t n, ParsedStream* s, TableForm form = TableForm::kSymbols);
+// The header checks of ParseStream alone (no decode table is built), for
+// decoders that build their own tables (the CUDA decoder's plan). Initial
+// lane states are checked too; payload holds them, then the body words.
+struct StreamHeader {
+  uint8_t mode = 0;
+  uint32_t constant = 0;
+  uint32_t escape = 0;
+  bool escape_used = false;
+  uint32_t lanes = 0;
+  std::array<uint32_t, kMaxAlphabet> freq{};  // freq[0..escape]
+  std::span<const uint8_t> esc, payload;
+};
+Status ParseStreamHeader(ByteReader& in, size_t n, StreamHeader* h);
 // Decodes each parsed stream into outs[k] (streams[k]->n symbols). Every
 // payload check of DecodeStream applies; the first failure is returned.
 Status DecodeParsed(std::span<ParsedStream* const> streams, std::span<uint32_t* const> outs);

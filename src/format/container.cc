@@ -158,4 +158,19 @@ Result<ContainerInfo> ParseContainer(std::span<const uint8_t> bytes) {
   return info;
 }
 
+Status CheckFrameAgainstIndex(const ContainerInfo& info, uint32_t chunk, uint32_t level, const FrameHeader& h) {
+  const ChunkEntry& e = info.chunks.at(chunk);
+  const std::string where = "chunk " + std::to_string(chunk) + " level " + std::to_string(level);
+  auto codec = CodecById(static_cast<uint8_t>(h.codec));
+  if (!codec.ok() || (*codec)->name() != info.codec)
+    return Status::Corrupt(where + " frame codec differs from the container's");
+  if (h.dtype != info.dtype) return Status::Corrupt(where + " frame dtype differs from the container's");
+  if (h.level != level) return Status::Corrupt(where + " frame has level " + std::to_string(h.level));
+  if (h.shape.layers != info.shape.layers || h.shape.kv_heads != info.shape.kv_heads ||
+      h.shape.head_dim != info.shape.head_dim || h.shape.tokens != e.tokens)
+    return Status::Corrupt(where + " frame shape " + h.shape.ToString() + " differs from the index");
+  if (h.token_start != e.token_start) return Status::Corrupt(where + " frame token_start differs from the index");
+  return Status::Ok();
+}
+
 }  // namespace cachegen

@@ -7,6 +7,7 @@
 
 #include "cachegen/codec.h"
 #include "cachegen/status.h"
+#include "format/frame.h"
 
 namespace cachegen {
 
@@ -21,5 +22,10 @@ std::vector<uint8_t> WriteContainer(const ContainerInfo& info,
 // order, every frame lies inside the container. Frames themselves are
 // validated when decoded.
 Result<ContainerInfo> ParseContainer(std::span<const uint8_t> bytes);
+
+// Checks that a frame's header agrees with its container's header and index
+// entry (FORMAT.md "Container", check 8): codec, dtype, level, shape,
+// tokens and token_start.
+Status CheckFrameAgainstIndex(const ContainerInfo& info, uint32_t chunk, uint32_t level, const FrameHeader& h);
 
 }  // namespace cachegen

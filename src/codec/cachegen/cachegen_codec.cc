@@ -363,6 +363,12 @@ class CacheGenCodec final : public Codec {
 
 }  // namespace
 
+Result<CacheGenFrameParams> ReadCacheGenFrameParams(std::span<const uint8_t> params, const KVShape& shape,
+                                                    uint32_t token_start, uint32_t context_tokens) {
+  CG_ASSIGN_OR_RETURN(const Params p, ReadParams(params, shape));
+  return CacheGenFrameParams{MakeLayout(shape, p, token_start, context_tokens), p.rope};
+}
+
 std::unique_ptr<Codec> MakeCacheGenCodec() { return std::make_unique<CacheGenCodec>(); }
 
 }  // namespace cachegen

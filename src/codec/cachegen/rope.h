@@ -30,6 +30,10 @@ class RopeTable {
   const RopeConfig& rope() const { return rope_; }
   uint32_t token_start() const { return token_start_; }
   uint32_t tokens() const { return tokens_; }
+  uint32_t pairs() const { return pairs_; }
+  // cos and sin of (token t, pair i) at [t * pairs() + i] (the CUDA decoder uploads them).
+  const std::vector<float>& cos() const { return cos_; }
+  const std::vector<float>& sin() const { return sin_; }
   // Rotates one head vector of chunk token t: forward (decoder) or inverse (encoder).
   void Apply(uint32_t t, float* head, bool inverse) const;
 

@@ -42,11 +42,6 @@ inline uint8_t SigmaCode(double sigma) {
   return static_cast<uint8_t>(std::clamp(c, 0.0, 255.0));
 }
 
-// Section flags (FORMAT.md "Section payload").
-constexpr uint8_t kSectionDelta = 1;
-constexpr uint8_t kSectionProfileStats = 2;   // channel statistics from the profile
-constexpr uint8_t kSectionProfileTables = 4;  // streams in table form, grid point byte follows the step
-
 inline uint32_t ZigZag(int32_t q) { return (static_cast<uint32_t>(q) << 1) ^ static_cast<uint32_t>(q >> 31); }
 inline int32_t UnZigZag(uint32_t u) { return static_cast<int32_t>(u >> 1) ^ -static_cast<int32_t>(u & 1); }
 
@@ -341,16 +336,6 @@ DequantFn PickDequant() {
   return &DequantScalar;
 }
 
-// The 256 channel scales a code can name, computed once with SigmaFromCode.
-const std::array<float, 256>& SigmaTable() {
-  static const std::array<float, 256> table = [] {
-    std::array<float, 256> t{};
-    for (int c = 0; c < 256; ++c) t[c] = SigmaFromCode(static_cast<uint8_t>(c));
-    return t;
-  }();
-  return table;
-}
-
 // Per-thread buffers reused across sections (grown, never shrunk or cleared:
 // every element used is written first).
 struct DecodeScratch {
@@ -407,15 +392,22 @@ constexpr uint32_t kBatchStreams = 8;
 
 }  // namespace
 
-Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> payload, const SectionSink& sink) {
-  const uint32_t H = l.kv_heads, D = l.head_dim, C = l.channels(), tq = l.quantized_tokens();
-  ByteReader r(payload);
+const std::array<float, 256>& SigmaTable() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t{};
+    for (int c = 0; c < 256; ++c) t[c] = SigmaFromCode(static_cast<uint8_t>(c));
+    return t;
+  }();
+  return table;
+}
+
+Status ParseSectionHeader(const SectionLayout& l, ByteReader& r, SectionHeader* hdr, float* sigma, float* mean) {
+  const uint32_t C = l.channels();
   const uint8_t flags = r.U8();
   const float step = r.F32();
   if (!r.ok()) return Status::Corrupt("cachegen section: truncated header");
   if (flags > 7) return Status::Corrupt("cachegen section: unknown flags " + std::to_string(flags));
   if (!(step > 0) || !std::isfinite(step) || step > 1e30f) return Status::Corrupt("cachegen section: invalid step");
-  const bool use_delta = flags & kSectionDelta;
   const internal::ProfileData* prof = l.profile;
   if ((flags & (kSectionProfileStats | kSectionProfileTables)) && !prof)
     return Status::Corrupt("cachegen section: uses a profile but the frame references none");
@@ -425,9 +417,10 @@ Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> pa
     if (!r.ok() || uint32_t(grid) >= prof->grid_points)
       return Status::Corrupt("cachegen section: profile grid point out of range");
   }
-  DecodeScratch& sc = Scratch();
-  float* sigma = Grow(sc.sigma, C);
-  float* mean = Grow(sc.mean, C);
+  hdr->flags = flags;
+  hdr->step = step;
+  hdr->grid = grid;
+  hdr->stats_begin = r.position();
   const std::array<float, 256>& sigma_table = SigmaTable();
   if (flags & kSectionProfileStats) {
     const auto& sc_codes = prof->sigma_code[l.section];
@@ -446,6 +439,21 @@ Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> pa
       mean[c] = static_cast<float>(UnZigZag(static_cast<uint32_t>(z))) * (sigma[c] / kMeanUnitsPerSigma);
     }
   }
+  return Status::Ok();
+}
+
+Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> payload, const SectionSink& sink) {
+  const uint32_t H = l.kv_heads, D = l.head_dim, C = l.channels(), tq = l.quantized_tokens();
+  ByteReader r(payload);
+  DecodeScratch& sc = Scratch();
+  float* sigma = Grow(sc.sigma, C);
+  float* mean = Grow(sc.mean, C);
+  SectionHeader hdr;
+  CG_RETURN_IF_ERROR(ParseSectionHeader(l, r, &hdr, sigma, mean));
+  const float step = hdr.step;
+  const bool use_delta = hdr.flags & kSectionDelta;
+  const internal::ProfileData* prof = l.profile;
+  const int grid = hdr.grid;
   // Steps of the older and of the recent tokens (TokenStep), per channel.
   float* st = Grow(sc.st, C);
   float* st_recent = Grow(sc.st_recent, C);

@@ -9,12 +9,15 @@
 // finer step, or be kept exactly (f16).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <span>
 #include <vector>
 
+#include "cachegen/codec.h"
 #include "cachegen/kv.h"
 #include "cachegen/status.h"
+#include "common/bytes.h"
 
 namespace cachegen {
 
@@ -87,6 +90,37 @@ class SectionAnalysis {
   double mean_sigma_sq_ = 0;
   size_t side_info_bytes_ = 0;  // flags, step, scale and mean codes
 };
+
+// The 256 channel scales σ̂ a scale code names (FORMAT.md "Section payload").
+const std::array<float, 256>& SigmaTable();
+
+// A section payload's header (FORMAT.md "Section payload"): flags, step, grid
+// point, channel statistics. Parsed and validated by the CPU decoder and the
+// CUDA decoder's plan alike.
+struct SectionHeader {
+  uint8_t flags = 0;       // bit 0 deltas, bits 1-2 profile statistics / tables
+  float step = 0;
+  int grid = -1;           // profile grid point, or -1
+  size_t stats_begin = 0;  // offset of the channel scale codes (when present)
+};
+// Section flags (FORMAT.md "Section payload").
+constexpr uint8_t kSectionDelta = 1;
+constexpr uint8_t kSectionProfileStats = 2;   // channel statistics from the profile
+constexpr uint8_t kSectionProfileTables = 4;  // streams in table form, grid point byte follows the step
+// Reads the header from r; sigma and mean receive the C dequantized channel
+// scales and means. Leaves r at the first symbol stream.
+Status ParseSectionHeader(const SectionLayout& layout, ByteReader& r, SectionHeader* header, float* sigma,
+                          float* mean);
+
+// A cachegen frame's params (FORMAT.md "Frame parameters") as the layout of
+// its sections (section index 0; profile resolved when referenced) and the key
+// RoPE settings (kind kNone when the frame has none).
+struct CacheGenFrameParams {
+  SectionLayout layout;
+  RopeConfig rope;
+};
+Result<CacheGenFrameParams> ReadCacheGenFrameParams(std::span<const uint8_t> params, const KVShape& shape,
+                                                    uint32_t token_start, uint32_t context_tokens);
 
 class RopeTable;
 

@@ -1,0 +1,204 @@
+// The CUDA decoder's plan and its device code run on the CPU (gpu_plan.h):
+// byte-identical to cachegen::Decoder for every case of gpu_cases.h, and
+// hostile input fails cleanly (the same inputs the CPU decoder rejects, and
+// whitelisted features only).
+#include <gtest/gtest.h>
+
+#include "codec/codec.h"
+#include "format/frame.h"
+#include "gpu_cases.h"
+
+namespace cachegen {
+namespace {
+
+using gpu_test::GpuCase;
+
+class GpuPlanCase : public testing::TestWithParam<GpuCase> {};
+
+TEST_P(GpuPlanCase, HostRunMatchesCpuDecoder) {
+  const GpuCase& c = GetParam();
+  const std::vector<uint8_t> container = gpu_test::EncodeCase(c);
+  ASSERT_FALSE(container.empty());
+  auto d = Decoder::Open(container);
+  ASSERT_TRUE(d.ok());
+  const gpu::OutputLayout layout = gpu_test::CaseLayout(c);
+  for (uint32_t level = 0; level < d->info().levels; ++level) {
+    std::vector<uint8_t> want;
+    ASSERT_TRUE(gpu_test::ReferenceDecode(container, level, layout, &want).ok());
+    auto plan = gpu::PlanContainer(container, level, layout);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    EXPECT_EQ(plan->output_values, c.shape.values());
+    std::vector<uint8_t> got = gpu_test::Buffer(layout);
+    Status st = gpu::RunOnHost(*plan, container, got.data(), level == 0 ? 1 : 3);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    EXPECT_EQ(gpu_test::FirstDifference(want, got), "") << "level " << level;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, GpuPlanCase, testing::ValuesIn(gpu_test::GpuCases()),
+                         [](const testing::TestParamInfo<GpuCase>& i) { return i.param.name; });
+
+// A one-chunk container's frame and its parsed sections, to rebuild with changes.
+struct FrameParts {
+  FrameHeader header;
+  std::vector<EncodedSection> sections;
+};
+
+std::vector<uint8_t> SmallFrame(const CodecConfig& cfg, KVShape shape = {1, 2, 16, 24}) {
+  GpuCase c{"small", shape, cfg};
+  const std::vector<uint8_t> container = gpu_test::EncodeCase(c);
+  auto d = Decoder::Open(container);
+  EXPECT_TRUE(d.ok());
+  auto f = d->Frame(0, 0);
+  return std::vector<uint8_t>(f->begin(), f->end());
+}
+
+FrameParts Split(const std::vector<uint8_t>& frame) {
+  auto p = ParseFrame(frame);
+  EXPECT_TRUE(p.ok());
+  FrameParts parts{p->header, {}};
+  for (uint32_t i = 0; i < p->sections.size(); ++i) {
+    auto payload = SectionPayload(*p, frame, i / 2, static_cast<KV>(i % 2));
+    parts.sections.push_back({std::vector<uint8_t>(payload->begin(), payload->end()), p->sections[i].side_bytes});
+  }
+  return parts;
+}
+
+std::vector<uint8_t> Join(const FrameParts& parts) { return WriteFrame(parts.header, parts.sections); }
+
+// The CPU decoder and the host run agree: both fail, or both succeed with the
+// same bytes.
+void ExpectSameOutcome(const std::vector<uint8_t>& frame, const KVShape& shape, const std::string& what) {
+  const gpu::OutputLayout layout = gpu::ContiguousLayout(shape, DType::kF16);
+  KVTensor want(shape, DType::kF16);
+  const Status cpu = DecodeFrame(frame, want.view(), 1);
+  Status gpu_status;
+  std::vector<uint8_t> got(want.size_bytes());
+  if (auto plan = gpu::PlanFrame(frame, 0, layout); plan.ok()) {
+    gpu_status = gpu::RunOnHost(*plan, frame, got.data());
+  } else {
+    gpu_status = plan.status();
+  }
+  ASSERT_EQ(cpu.ok(), gpu_status.ok()) << what << ": cpu " << cpu.ToString() << ", gpu " << gpu_status.ToString();
+  if (!cpu.ok()) {
+    EXPECT_TRUE(gpu_status.code() == StatusCode::kCorrupt || gpu_status.code() == StatusCode::kUnsupported)
+        << what << ": " << gpu_status.ToString();
+    return;
+  }
+  EXPECT_EQ(gpu_test::FirstDifference(std::vector<uint8_t>(want.data(), want.data() + want.size_bytes()), got), "")
+      << what;
+}
+
+// Every byte of every section changed (checksums recomputed, so the payload
+// parsers and the device code see it): the outcome matches the CPU decoder's.
+TEST(GpuPlan, ChangedPayloadBytesMatchCpuDecoder) {
+  const KVShape shape{1, 2, 16, 24};
+  for (bool rotate : {false, true}) {
+    CodecConfig cfg = gpu_test::Cfg(3, 0, 2, rotate);
+    cfg.recent_tokens = 6;
+    cfg.recent_step_scale = 0;
+    const FrameParts parts = Split(SmallFrame(cfg, shape));
+    for (size_t s = 0; s < parts.sections.size(); ++s)
+      for (size_t b = 0; b < parts.sections[s].bytes.size(); ++b)
+        for (uint8_t mask : {0x01, 0x80, 0xff}) {
+          FrameParts changed = parts;
+          changed.sections[s].bytes[b] ^= mask;
+          ExpectSameOutcome(Join(changed), shape,
+                            "section " + std::to_string(s) + " byte " + std::to_string(b) + " ^ " + std::to_string(mask));
+        }
+  }
+}
+
+TEST(GpuPlan, TruncatedSectionsMatchCpuDecoder) {
+  const KVShape shape{1, 2, 16, 24};
+  const FrameParts parts = Split(SmallFrame(gpu_test::Cfg(3, 0, 2), shape));
+  for (size_t s = 0; s < parts.sections.size(); ++s)
+    for (size_t len = 0; len < parts.sections[s].bytes.size(); ++len) {
+      FrameParts changed = parts;
+      changed.sections[s].bytes.resize(len);
+      ExpectSameOutcome(Join(changed), shape, "section " + std::to_string(s) + " cut to " + std::to_string(len));
+    }
+}
+
+TEST(GpuPlan, TruncatedOrFlippedContainerIsRejected) {
+  GpuCase c{"c", {1, 2, 16, 40}, gpu_test::Cfg(2, 16)};
+  const std::vector<uint8_t> container = gpu_test::EncodeCase(c);
+  const gpu::OutputLayout layout = gpu::ContiguousLayout(c.shape, DType::kF16);
+  for (size_t len = 0; len < container.size(); len += 7) {
+    auto plan = gpu::PlanContainer(std::span(container).first(len), 0, layout);
+    EXPECT_FALSE(plan.ok()) << len;
+  }
+  for (size_t b = 0; b < container.size(); b += 3) {
+    std::vector<uint8_t> bad = container;
+    bad[b] ^= 0x10;
+    auto plan = gpu::PlanContainer(bad, 0, layout);
+    EXPECT_FALSE(plan.ok()) << b;
+  }
+}
+
+// Unknown or CPU-only features are refused as unsupported, whatever follows.
+TEST(GpuPlan, UnimplementedFeaturesAreUnsupported) {
+  const KVShape shape{1, 2, 16, 24};
+  const FrameParts parts = Split(SmallFrame(gpu_test::Cfg(3, 0, 2), shape));
+  const gpu::OutputLayout layout = gpu::ContiguousLayout(shape, DType::kF16);
+  auto expect_unsupported = [&](const FrameParts& p, const char* what) {
+    auto plan = gpu::PlanFrame(Join(p), 0, layout);
+    ASSERT_FALSE(plan.ok()) << what;
+    EXPECT_EQ(plan.status().code(), StatusCode::kUnsupported) << what << ": " << plan.status().ToString();
+  };
+  {
+    FrameParts p = parts;  // a model profile reference
+    p.header.params[0] = 2;
+    p.header.params[1] |= 4;
+    for (int i = 0; i < 8; ++i) p.header.params.push_back(0x11);
+    expect_unsupported(p, "profile reference");
+  }
+  for (uint8_t bit : {8, 16, 32, 64, 128}) {
+    FrameParts p = parts;  // params flags no decoder knows yet
+    p.header.params[0] = 2;
+    p.header.params[1] |= bit;
+    expect_unsupported(p, "params flag");
+  }
+  {
+    FrameParts p = parts;
+    p.header.params[0] = 3;
+    expect_unsupported(p, "params version 3");
+  }
+  for (uint8_t bit : {2, 4, 8, 128}) {
+    FrameParts p = parts;  // profile statistics/tables, and section flags added later
+    p.sections[1].bytes[0] |= bit;
+    expect_unsupported(p, "section flag");
+  }
+  {
+    CodecConfig fp16;
+    fp16.codec = "fp16";
+    FrameParts p = Split(SmallFrame(fp16, shape));
+    expect_unsupported(p, "fp16 codec");
+  }
+}
+
+TEST(GpuPlan, OutputLayoutIsChecked) {
+  const KVShape shape{1, 2, 16, 24};
+  const std::vector<uint8_t> frame = SmallFrame(gpu_test::Cfg(3, 0, 2), shape);
+  gpu::OutputLayout o = gpu::ContiguousLayout(shape, DType::kF16);
+  EXPECT_TRUE(gpu::PlanFrame(frame, 0, o).ok());
+  EXPECT_FALSE(gpu::PlanFrame(frame, 1, o).ok());  // past the output's tokens
+  o.capacity -= 1;
+  EXPECT_FALSE(gpu::PlanFrame(frame, 0, o).ok());
+  o = gpu::ContiguousLayout(shape, DType::kF16);
+  o.strides.dim = 2;
+  EXPECT_FALSE(gpu::PlanFrame(frame, 0, o).ok());
+  o = gpu::ContiguousLayout(shape, DType::kF16);
+  o.page_tokens = 16;
+  o.page_offsets = {0};  // two pages needed
+  EXPECT_FALSE(gpu::PlanFrame(frame, 0, o).ok());
+  o.page_offsets = {0, -1};
+  EXPECT_FALSE(gpu::PlanFrame(frame, 0, o).ok());
+  o.page_offsets = {0, 16 * 32};
+  EXPECT_TRUE(gpu::PlanFrame(frame, 0, o).ok());
+  const KVShape other{1, 2, 8, 24};
+  EXPECT_FALSE(gpu::PlanFrame(frame, 0, gpu::ContiguousLayout(other, DType::kF16)).ok());
+}
+
+}  // namespace
+}  // namespace cachegen
