@@ -272,64 +272,125 @@ CG_HD inline void RopeRow(float* row, const float* cs, const float* sn, uint32_t
 // Runs one job. G is the thread group: G::kThreads threads, this one G::tid();
 // G::Sync() orders shared-memory writes before reads; G::Lanes holds the
 // per-lane rANS states (one per thread on the device, all on the host);
-// G::Init/Round/Final run the lane-parallel parts of a stream.
+// G::Init/Round/Final run the lane-parallel parts of a stream. Streams are
+// picked by template argument (0 anchor, 1 delta), so that on the device
+// their state stays in registers.
 template <typename G>
 struct JobRunner {
+  CG_HD JobRunner(G& group, const JobDesc& job, const Inputs& inputs, const Workspace& work)
+      : g(group), j(job), in(inputs), w(work) {}
   G& g;
   const JobDesc& j;
   const Inputs& in;
   const Workspace& w;
 
+  // Decoding state of one stream.
+  struct Stream {
+    typename G::Lanes lanes;
+    StreamPos pos;
+    uint64_t rows = 0;     // rows taken from the ring
+    uint32_t row_at = 0;   // ring index of the next row
+  };
+  Stream anchor_, delta_;
+  template <int S>
+  CG_HD Stream& Of() {
+    if constexpr (S == 0) return anchor_; else return delta_;
+  }
+  template <int S>
+  CG_HD const StreamDesc& Desc() const {
+    if constexpr (S == 0) return j.anchor; else return j.delta;
+  }
+
   CG_HD uint32_t Run() {
-    const uint32_t D = j.head_dim, tid = g.tid(), nt = G::kThreads;
     if (uint32_t e = LoadStats(); e != kJobOk) return e;
-    const StreamDesc* sd[2] = {&j.anchor, &j.delta};
-    typename G::Lanes lanes[2];
-    StreamPos pos[2];
-    for (int s = 0; s < 2; ++s) {
-      if (sd[s]->mode != kStreamRans) continue;
-      BuildTables(in.freqs + sd[s]->table_off, sd[s]->escape, w.slot_sym[s], w.sym_info[s], tid, nt);
-      g.Init(lanes[s], in.bytes, *sd[s]);
-    }
+    Start<0>();
+    Start<1>();
     g.Sync();
-    const uint32_t ring = RingSize(D);
-    const bool row_pass = j.rotate || j.rope_pairs;  // rows finished in w.row before the store
-    uint32_t row_at[2] = {0, 0};                     // ring index of the next row of each stream
     for (uint32_t g0 = 0; g0 < j.quantized; g0 += j.group) {
       const uint32_t g1 = g0 + j.group < j.quantized ? g0 + j.group : j.quantized;
-      for (uint32_t t = g0; t < g1; ++t) {
-        const int s = t == g0 ? 0 : 1;
-        const StreamDesc& st = *sd[s];
-        if (st.mode == kStreamRans)
-          if (uint32_t e = DecodeRow(lanes[s], pos[s], st, s); e != kJobOk) return e | (uint32_t(s) << 8);
-        g.Sync();
-        const float* stt = t >= j.recent_begin ? w.st_recent : w.st;
-        const float* pred = s == 0 ? w.mean : w.anchor;
-        const int64_t base = RowOffset(in, j.layer, j.kv, j.dest_token + t, j.head);
-        for (uint32_t d = tid; d < D; d += nt) {
-          const uint32_t u = st.mode == kStreamRans ? w.ring[s][RingWrap(row_at[s] + d, ring)] : st.constant;
-          const float v = Dequant(u, pred[d], stt[d]);
-          if (s == 0) w.anchor[d] = v;
-          if (row_pass) {
-            w.row[d] = v;
-          } else {
-            StoreValue(in, base + d, v);
-          }
-        }
-        row_at[s] = RingWrap(row_at[s] + D, ring);
-        g.Sync();
-        if (row_pass) FinishRow(t, base, j.rotate);
+      if (uint32_t e = Row<0>(g0); e != kJobOk) return e;
+      for (uint32_t t = g0 + 1; t < g1; ++t)
+        if (uint32_t e = Row<1>(t); e != kJobOk) return e;
+    }
+    if (uint32_t e = Finish<0>(); e != kJobOk) return e;
+    if (uint32_t e = Finish<1>(); e != kJobOk) return e;
+    ExactTail();
+    return kJobOk;
+  }
+
+  template <int S>
+  CG_HD void Start() {
+    const StreamDesc& sd = Desc<S>();
+    if (sd.mode != kStreamRans) return;
+    BuildTables(in.freqs + sd.table_off, sd.escape, w.slot_sym[S], w.sym_info[S], g.tid(), G::kThreads);
+    g.Init(Of<S>().lanes, in.bytes, sd);
+  }
+
+  // After the last row: every word, lane state and escape byte used exactly.
+  template <int S>
+  CG_HD uint32_t Finish() {
+    const StreamDesc& sd = Desc<S>();
+    if (sd.mode != kStreamRans) return kJobOk;
+    const Stream& st = Of<S>();
+    const uint32_t which = uint32_t(S) << 8;  // the stream, for the message
+    if (st.pos.word != BodyWords(sd)) return kJobPayloadLeft | which;
+    if (!g.Final(st.lanes)) return kJobFinalState | which;
+    if (sd.escape_used && st.pos.esc_pos != sd.esc_len) return kJobEscapeLeft | which;
+    return kJobOk;
+  }
+
+  // Token t from the next row of stream S: the anchor of its group (S = 0,
+  // predicted by the channel means) or a delta (S = 1, predicted by the
+  // group's reconstructed anchor).
+  template <int S>
+  CG_HD uint32_t Row(uint32_t t) {
+    const uint32_t D = j.head_dim, tid = g.tid(), nt = G::kThreads;
+    const StreamDesc& sd = Desc<S>();
+    Stream& st = Of<S>();
+    const uint32_t ring = RingSize(D);
+    if (sd.mode == kStreamRans) {
+      if (uint32_t e = DecodeRow<S>(); e != kJobOk) return e | (uint32_t(S) << 8);
+      g.Sync();
+    }
+    const bool row_pass = j.rotate || j.rope_pairs;  // rows finished in w.row before the store
+    const float* stt = t >= j.recent_begin ? w.st_recent : w.st;
+    const float* pred = S == 0 ? w.mean : w.anchor;
+    const int64_t base = RowOffset(in, j.layer, j.kv, j.dest_token + t, j.head);
+    for (uint32_t d = tid; d < D; d += nt) {
+      const uint32_t u = sd.mode == kStreamRans ? w.ring[S][RingWrap(st.row_at + d, ring)] : sd.constant;
+      const float v = Dequant(u, pred[d], stt[d]);
+      if (S == 0) w.anchor[d] = v;
+      if (row_pass) {
+        w.row[d] = v;
+      } else {
+        StoreValue(in, base + d, v);
       }
     }
-    for (int s = 0; s < 2; ++s) {
-      const StreamDesc& st = *sd[s];
-      if (st.mode != kStreamRans) continue;
-      const uint32_t which = uint32_t(s) << 8;  // the stream, for the message
-      if (pos[s].word != BodyWords(st)) return kJobPayloadLeft | which;
-      if (!g.Final(lanes[s])) return kJobFinalState | which;
-      if (st.escape_used && pos[s].esc_pos != st.esc_len) return kJobEscapeLeft | which;
+    st.row_at = RingWrap(st.row_at + D, ring);
+    g.Sync();
+    if (row_pass) FinishRow(t, base, j.rotate);
+    return kJobOk;
+  }
+
+  // Decodes rounds of stream S until its next row (head_dim symbols) is in
+  // the ring. A round ends past the row when head_dim is not a multiple of
+  // the lanes; the ring keeps those symbols for the next row.
+  template <int S>
+  CG_HD uint32_t DecodeRow() {
+    const uint32_t D = j.head_dim;
+    const StreamDesc& sd = Desc<S>();
+    Stream& st = Of<S>();
+    const uint64_t need = ++st.rows * uint64_t{D};
+    const uint32_t ring = RingSize(D);
+    while (st.pos.decoded < need) {
+      const uint64_t left = sd.n - st.pos.decoded;
+      const uint32_t active = left < sd.lanes ? static_cast<uint32_t>(left) : sd.lanes;
+      if (uint32_t e = g.Round(st.lanes, st.pos, in.bytes, sd, w.slot_sym[S], w.sym_info[S], w.ring[S], ring, active);
+          e != kJobOk)
+        return e;
+      st.pos.decoded += active;
+      st.pos.ring_at = RingWrap(st.pos.ring_at + active, ring);
     }
-    ExactTail();
     return kJobOk;
   }
 
@@ -358,25 +419,6 @@ struct JobRunner {
     return g.Any(err != kJobOk) ? kJobBadMean : kJobOk;
   }
 
-  // Decodes rounds of stream s until its next row (head_dim symbols) is in
-  // the ring. A round ends past the row when head_dim is not a multiple of
-  // the lanes; the ring keeps those symbols for the next row.
-  CG_HD uint32_t DecodeRow(typename G::Lanes& lanes, StreamPos& p, const StreamDesc& st, int s) {
-    const uint32_t D = j.head_dim;
-    const uint64_t need = ++rows_done[s] * uint64_t{D};
-    const uint32_t ring = RingSize(D);
-    while (p.decoded < need) {
-      const uint64_t left = st.n - p.decoded;
-      const uint32_t active = left < st.lanes ? static_cast<uint32_t>(left) : st.lanes;
-      if (uint32_t e = g.Round(lanes, p, in.bytes, st, w.slot_sym[s], w.sym_info[s], w.ring[s], ring, active);
-          e != kJobOk)
-        return e;
-      p.decoded += active;
-      p.ring_at = RingWrap(p.ring_at + active, ring);
-    }
-    return kJobOk;
-  }
-  uint64_t rows_done[2] = {0, 0};
 
   // Inverse Hadamard (quantized rows with rotation), RoPE (keys), store.
   CG_HD void FinishRow(uint32_t t, int64_t base, bool rotate) {

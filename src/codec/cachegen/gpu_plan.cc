@@ -221,14 +221,23 @@ const char* JobErrorText(uint32_t code) {
 
 }  // namespace
 
-OutputLayout ContiguousLayout(const KVShape& shape, DType dtype) {
-  OutputLayout o;
+}  // namespace cachegen::gpu
+
+namespace cachegen::cuda {
+
+// Here rather than in src/cuda/: plans are made in every build.
+DeviceLayout DeviceLayout::Contiguous(const KVShape& shape, DType dtype) {
+  DeviceLayout o;
   o.dtype = dtype;
   o.shape = shape;
   o.strides = ContiguousStrides(shape);
   o.capacity = shape.values();
   return o;
 }
+
+}  // namespace cachegen::cuda
+
+namespace cachegen::gpu {
 
 Result<Plan> PlanContainer(std::span<const uint8_t> container, uint32_t level, const OutputLayout& out) {
   CG_ASSIGN_OR_RETURN(ContainerInfo info, ParseContainer(container));

@@ -21,25 +21,20 @@
 #include <string>
 #include <vector>
 
+#include "cachegen/cuda_decoder.h"
 #include "cachegen/kv.h"
 #include "cachegen/status.h"
 #include "codec/cachegen/gpu_core.h"
 
 namespace cachegen::gpu {
 
-// The destination of a decode: like a KVView without the pointer (the
-// memory may be on a device). Dim stride must be 1; strides non-negative.
-struct OutputLayout {
-  DType dtype = DType::kF16;
-  KVShape shape;  // the whole context (a container's shape)
-  KVStrides strides;
-  uint32_t page_tokens = 0;           // 0: unpaged
-  std::vector<int64_t> page_offsets;  // element offset of each page
-  uint64_t capacity = 0;              // elements addressable from the base
-};
+// The destination of a decode (the memory may be on a device).
+using OutputLayout = cuda::DeviceLayout;
 
 // A contiguous [layer][K|V][token][head][dim] layout of a shape (KVTensor's).
-OutputLayout ContiguousLayout(const KVShape& shape, DType dtype);
+inline OutputLayout ContiguousLayout(const KVShape& shape, DType dtype) {
+  return cuda::DeviceLayout::Contiguous(shape, dtype);
+}
 
 struct Plan {
   std::vector<JobDesc> jobs;

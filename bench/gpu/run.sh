@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The CUDA decoder's checks and benchmark in one command, for a machine with
+# an NVIDIA GPU (docs/GPU.md): configures a CUDA build, builds, runs
+# gpu_plan_test (device code on the CPU), cuda_decoder_test (device output
+# bit-identical to the CPU decoder) and cachegen_cuda_bench (decode GB/s vs
+# cudaMemcpy device-to-device), and prints the figures.
+#
+#   bench/gpu/run.sh [bench options, e.g. --reps 50 --bits 3]
+#
+# Environment: BUILD (build folder, default build-cuda), CUDA_ARCH (default 90,
+# H100/H200), JOBS (parallel build jobs, default all cores).
+# Exit status: 0 all passed, 1 a build, test or bench failure, 2 no CUDA device.
+set -u
+cd "$(dirname "$0")/../.."
+build=${BUILD:-build-cuda}
+arch=${CUDA_ARCH:-90}
+jobs=${JOBS:-$(nproc)}
+generator=()
+command -v ninja > /dev/null && generator=(-G Ninja)
+
+step() { printf '\n== %s\n' "$*"; }
+
+step "configure ($build, sm_$arch)"
+cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DCACHEGEN_CUDA=ON \
+  -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCACHEGEN_LLAMA=OFF || exit 1
+step "build"
+cmake --build "$build" -j "$jobs" --target gpu_plan_test cuda_decoder_test cachegen_cuda_bench || exit 1
+
+step "gpu_plan_test (device code on the CPU vs the CPU decoder)"
+"$build/gpu_plan_test" --gtest_brief=1 || exit 1
+
+step "device"
+"$build/cachegen_cuda_bench" --check-device
+rc=$?
+if [ "$rc" -eq 2 ]; then
+  echo "no CUDA device here: the CPU checks passed; run this script on a GPU machine for the rest"
+  exit 2
+fi
+[ "$rc" -eq 0 ] || exit 1
+
+step "cuda_decoder_test (device output vs the CPU decoder)"
+"$build/cuda_decoder_test" --gtest_brief=1 || exit 1
+
+step "cachegen_cuda_bench (Llama-3-8B shape, 4096 tokens, default codec settings)"
+"$build/cachegen_cuda_bench" "$@" || exit 1
+echo
+echo "all passed"
