@@ -1,8 +1,8 @@
 // The CUDA decoder (include/cachegen/cuda_decoder.h): the host plan
 // (codec/cachegen/gpu_plan.h) validated and flattened into jobs, one warp per
-// job running gpu_core.h's JobRunner -- the code gpu_plan_test runs on the
-// CPU -- with the rANS lanes of a stream on the warp's threads and the
-// tables in shared memory.
+// job running gpu_core.h's JobRunner with its WarpGroup -- the code
+// gpu_plan_test runs on the CPU, with one thread and with an emulated warp --
+// the rANS lanes of a stream on the warp's threads, tables in shared memory.
 #include "cachegen/cuda_decoder.h"
 
 #include <cuda_runtime.h>
@@ -17,55 +17,18 @@ namespace cachegen::cuda {
 namespace {
 
 using gpu::JobDesc;
-using gpu::StreamDesc;
-using gpu::StreamPos;
 
 constexpr uint32_t kFullMask = 0xffffffffu;
 // Warps per block when shared memory allows: enough to share an SM among
 // several jobs while each block stays small.
 constexpr uint32_t kWarpsPerBlock = 4;
 
-// The device's thread group: one warp. Lane j of a stream is thread j; the
-// renormalising reads of a round go in lane order (ballot + prefix count), as
-// the host's HostGroup does them one by one.
-struct WarpGroup {
-  static constexpr uint32_t kThreads = gpu::kGroupThreads;
-  struct Lanes {
-    uint32_t x;
-  };
-  uint32_t lane;
-  __device__ uint32_t tid() const { return lane; }
+// Warp intrinsics for gpu::WarpGroup: the device's own.
+struct DeviceWarp {
+  uint32_t lane_;
+  __device__ uint32_t lane() const { return lane_; }
   __device__ void Sync() const { __syncwarp(); }
-  __device__ bool Any(bool v) const { return __any_sync(kFullMask, v); }
-  __device__ void Init(Lanes& l, const uint8_t* bytes, const StreamDesc& s) const {
-    // Threads without a lane hold L, so Final can test the whole warp.
-    l.x = lane < s.lanes ? gpu::LaneState(bytes, s, lane) : gpu::kRansL;
-  }
-  __device__ bool Final(const Lanes& l) const { return __all_sync(kFullMask, l.x == gpu::kRansL); }
-  __device__ uint32_t Round(Lanes& l, StreamPos& p, const uint8_t* bytes, const StreamDesc& s,
-                            const uint8_t* slot_sym, const uint32_t* info, uint32_t* ring, uint32_t ring_size,
-                            uint32_t active) const {
-    const bool act = lane < active;
-    uint32_t sym = 0;
-    if (act) sym = gpu::RansStep(&l.x, slot_sym, info);
-    const bool need = act && l.x < gpu::kRansL;
-    const uint32_t mask = __ballot_sync(kFullMask, need);
-    const uint32_t count = __popc(mask);
-    if (p.word + count > gpu::BodyWords(s)) return gpu::kJobPayloadShort;  // the same in every thread
-    if (need) l.x = (l.x << 16) | gpu::BodyWord(bytes, s, p.word + __popc(mask & ((1u << lane) - 1)));
-    p.word += count;
-    if (s.escape_used) {
-      // Escape values are varints read in symbol order: every thread reads
-      // each one (uniform control flow), the owning lane keeps it.
-      for (uint32_t esc = __ballot_sync(kFullMask, act && sym == s.escape); esc; esc &= esc - 1) {
-        uint32_t value = 0;
-        if (!gpu::ReadEscape(bytes, s, &p.esc_pos, &value)) return gpu::kJobEscapeBad;
-        if (lane == static_cast<uint32_t>(__ffs(esc) - 1)) sym = value;
-      }
-    }
-    if (act) ring[gpu::RingWrap(p.ring_at + lane, ring_size)] = sym;
-    return gpu::kJobOk;
-  }
+  __device__ uint32_t Ballot(bool v) const { return __ballot_sync(kFullMask, v); }
 };
 
 __global__ void DecodeKernel(const JobDesc* jobs, uint32_t n_jobs, gpu::Inputs in, uint32_t max_head_dim,
@@ -75,10 +38,10 @@ __global__ void DecodeKernel(const JobDesc* jobs, uint32_t n_jobs, gpu::Inputs i
   const uint32_t job = blockIdx.x * (blockDim.x / gpu::kGroupThreads) + warp;
   if (job >= n_jobs) return;  // whole warps only
   const gpu::Workspace w = gpu::CarveWorkspace(shared + warp * gpu::WorkspaceBytes(max_head_dim), max_head_dim);
-  WarpGroup g{threadIdx.x % gpu::kGroupThreads};
-  gpu::JobRunner<WarpGroup> runner{g, jobs[job], in, w};
+  gpu::WarpGroup<DeviceWarp> g{DeviceWarp{threadIdx.x % gpu::kGroupThreads}};
+  gpu::JobRunner<gpu::WarpGroup<DeviceWarp>> runner(g, jobs[job], in, w);
   const uint32_t e = runner.Run();
-  if (g.lane == 0) errors[job] = e;
+  if (g.tid() == 0) errors[job] = e;
 }
 
 Status CudaError(cudaError_t e, const char* what) {

@@ -4,6 +4,10 @@
 // whitelisted features only).
 #include <gtest/gtest.h>
 
+#include <array>
+#include <barrier>
+#include <thread>
+
 #include "codec/codec.h"
 #include "format/frame.h"
 #include "gpu_cases.h"
@@ -33,6 +37,70 @@ TEST_P(GpuPlanCase, HostRunMatchesCpuDecoder) {
     ASSERT_TRUE(st.ok()) << st.ToString();
     EXPECT_EQ(gpu_test::FirstDifference(want, got), "") << "level " << level;
   }
+}
+
+// The device's warp intrinsics on 32 CPU threads, so that gpu::WarpGroup --
+// the device's thread group -- runs here: every cooperative step (tables
+// built by 32 threads, ballot-ordered renormalisation, rows split over
+// lanes, barriers) as the device does it.
+struct EmulatedWarp {
+  struct Shared {
+    std::barrier<> barrier{gpu::kGroupThreads};
+    // Ballots alternate between two vote arrays, so one barrier per ballot
+    // suffices: ballot n + 2 reuses n's array only after every thread has
+    // passed ballot n + 1, i.e. finished reading n's.
+    std::array<std::array<uint8_t, gpu::kGroupThreads>, 2> votes{};
+  };
+  uint32_t lane_;
+  Shared* shared;
+  mutable uint32_t ballots = 0;
+  uint32_t lane() const { return lane_; }
+  void Sync() const { shared->barrier.arrive_and_wait(); }
+  uint32_t Ballot(bool v) const {
+    auto& votes = shared->votes[ballots++ & 1];
+    votes[lane_] = v;
+    shared->barrier.arrive_and_wait();
+    uint32_t mask = 0;
+    for (uint32_t k = 0; k < gpu::kGroupThreads; ++k) mask |= uint32_t{votes[k]} << k;
+    return mask;
+  }
+};
+
+Status RunEmulatedWarps(const gpu::Plan& plan, std::span<const uint8_t> input, void* dst) {
+  const gpu::Inputs in = gpu::HostInputs(plan, input, dst);
+  std::vector<float> buffer(gpu::WorkspaceBytes(plan.max_head_dim) / sizeof(float));
+  const gpu::Workspace w = gpu::CarveWorkspace(reinterpret_cast<uint8_t*>(buffer.data()), plan.max_head_dim);
+  for (const gpu::JobDesc& job : plan.jobs) {
+    EmulatedWarp::Shared shared;
+    std::array<uint32_t, gpu::kGroupThreads> codes{};
+    std::vector<std::thread> threads;
+    for (uint32_t lane = 0; lane < gpu::kGroupThreads; ++lane)
+      threads.emplace_back([&, lane] {
+        gpu::WarpGroup<EmulatedWarp> g{EmulatedWarp{lane, &shared}};
+        gpu::JobRunner<gpu::WarpGroup<EmulatedWarp>> runner(g, job, in, w);
+        codes[lane] = runner.Run();
+      });
+    for (std::thread& t : threads) t.join();
+    for (uint32_t c : codes)
+      if (c != codes[0]) return Status::Internal("the threads of a warp disagree on the outcome");
+    CG_RETURN_IF_ERROR(gpu::JobStatus(job, codes[0]));
+  }
+  return Status::Ok();
+}
+
+TEST_P(GpuPlanCase, EmulatedWarpMatchesCpuDecoder) {
+  const GpuCase& c = GetParam();
+  if (!c.emulate) GTEST_SKIP() << "too many jobs for 32 CPU threads per job; the other cases cover its code";
+  const std::vector<uint8_t> container = gpu_test::EncodeCase(c);
+  const gpu::OutputLayout layout = gpu_test::CaseLayout(c);
+  std::vector<uint8_t> want;
+  ASSERT_TRUE(gpu_test::ReferenceDecode(container, 0, layout, &want).ok());
+  auto plan = gpu::PlanContainer(container, 0, layout);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  std::vector<uint8_t> got = gpu_test::Buffer(layout);
+  Status st = RunEmulatedWarps(*plan, container, got.data());
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(gpu_test::FirstDifference(want, got), "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, GpuPlanCase, testing::ValuesIn(gpu_test::GpuCases()),

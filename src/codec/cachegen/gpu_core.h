@@ -493,4 +493,65 @@ struct HostGroup {
   }
 };
 
+CG_HD inline uint32_t Popc(uint32_t v) {
+#if defined(__CUDA_ARCH__)
+  return __popc(v);
+#else
+  return static_cast<uint32_t>(__builtin_popcount(v));
+#endif
+}
+CG_HD inline uint32_t LowestBit(uint32_t v) {  // v != 0
+#if defined(__CUDA_ARCH__)
+  return static_cast<uint32_t>(__ffs(v) - 1);
+#else
+  return static_cast<uint32_t>(__builtin_ctz(v));
+#endif
+}
+
+// The device's thread group: one warp, over warp intrinsics W (lane(),
+// Sync(), Ballot(bool) -> mask): the device's own (src/cuda/decoder.cu) or
+// the tests' emulation on CPU threads. Lane j of a stream is thread j; the
+// renormalising reads of a round go in lane order by ballot and prefix count,
+// which is the order HostGroup reads them one by one.
+template <typename W>
+struct WarpGroup {
+  static constexpr uint32_t kThreads = kGroupThreads;
+  struct Lanes {
+    uint32_t x;
+  };
+  W warp;
+  CG_HD uint32_t tid() const { return warp.lane(); }
+  CG_HD void Sync() const { warp.Sync(); }
+  CG_HD bool Any(bool v) const { return warp.Ballot(v) != 0; }
+  CG_HD void Init(Lanes& l, const uint8_t* bytes, const StreamDesc& s) const {
+    // Threads without a lane hold L, so Final can test the whole warp.
+    l.x = tid() < s.lanes ? LaneState(bytes, s, tid()) : kRansL;
+  }
+  CG_HD bool Final(const Lanes& l) const { return warp.Ballot(l.x != kRansL) == 0; }
+  CG_HD uint32_t Round(Lanes& l, StreamPos& p, const uint8_t* bytes, const StreamDesc& s, const uint8_t* slot_sym,
+                       const uint32_t* info, uint32_t* ring, uint32_t ring_size, uint32_t active) const {
+    const uint32_t lane = tid();
+    const bool act = lane < active;
+    uint32_t sym = 0;
+    if (act) sym = RansStep(&l.x, slot_sym, info);
+    const bool need = act && l.x < kRansL;
+    const uint32_t mask = warp.Ballot(need);
+    const uint32_t count = Popc(mask);
+    if (p.word + count > BodyWords(s)) return kJobPayloadShort;  // the same in every thread
+    if (need) l.x = (l.x << 16) | BodyWord(bytes, s, p.word + Popc(mask & ((1u << lane) - 1)));
+    p.word += count;
+    if (s.escape_used) {
+      // Escape values are varints read in symbol order: every thread reads
+      // each one (uniform control flow), the owning lane keeps it.
+      for (uint32_t esc = warp.Ballot(act && sym == s.escape); esc; esc &= esc - 1) {
+        uint32_t value = 0;
+        if (!ReadEscape(bytes, s, &p.esc_pos, &value)) return kJobEscapeBad;
+        if (lane == LowestBit(esc)) sym = value;
+      }
+    }
+    if (act) ring[RingWrap(p.ring_at + lane, ring_size)] = sym;
+    return kJobOk;
+  }
+};
+
 }  // namespace cachegen::gpu

@@ -274,8 +274,7 @@ Status JobStatus(const JobDesc& job, uint32_t code) {
                          std::to_string(job.head) + ": " + stream + JobErrorText(what));
 }
 
-Status RunOnHost(const Plan& plan, std::span<const uint8_t> input, void* dst, uint32_t threads) {
-  if (input.size() != plan.input_bytes) return Status::InvalidArgument("input is not the bytes the plan was made from");
+Inputs HostInputs(const Plan& plan, std::span<const uint8_t> input, void* dst) {
   Inputs in;
   in.bytes = input.data();
   in.freqs = plan.freqs.data();
@@ -284,12 +283,18 @@ Status RunOnHost(const Plan& plan, std::span<const uint8_t> input, void* dst, ui
   in.pages = plan.pages.data();
   in.dst = dst;
   in.dest = plan.dest;
+  return in;
+}
+
+Status RunOnHost(const Plan& plan, std::span<const uint8_t> input, void* dst, uint32_t threads) {
+  if (input.size() != plan.input_bytes) return Status::InvalidArgument("input is not the bytes the plan was made from");
+  const Inputs in = HostInputs(plan, input, dst);
   return ParallelFor(plan.jobs.size(), threads, [&](uint64_t k) {
     // Workspace pieces are 16-byte aligned; floats give that alignment from new.
     std::vector<float> buffer(WorkspaceBytes(plan.max_head_dim) / sizeof(float));
     const Workspace w = CarveWorkspace(reinterpret_cast<uint8_t*>(buffer.data()), plan.max_head_dim);
     HostGroup g;
-    JobRunner<HostGroup> runner{g, plan.jobs[k], in, w};
+    JobRunner<HostGroup> runner(g, plan.jobs[k], in, w);
     return JobStatus(plan.jobs[k], runner.Run());
   });
 }

@@ -57,6 +57,9 @@ Result<Plan> PlanFrame(std::span<const uint8_t> frame, uint32_t dest_token, cons
 // number << 8), as a kCorrupt Status naming layer, K|V and head.
 Status JobStatus(const JobDesc& job, uint32_t code);
 
+// The device code's inputs for a plan whose arrays stay in host memory.
+Inputs HostInputs(const Plan& plan, std::span<const uint8_t> input, void* dst);
+
 // Runs every job of `plan` on the CPU with the device code, writing into
 // `dst` (the base of memory laid out as the plan's OutputLayout). `input`
 // must be the bytes the plan was made from.
