@@ -113,6 +113,7 @@ struct Decoder::Impl {
 
   Status Upload(std::span<const uint8_t> bytes, gpu::Plan p, void* out) {
     prepared = false;
+    if (!out) return Status::InvalidArgument("CUDA decoder: no output memory");
     CG_CUDA_RETURN(cudaSetDevice(device), "cudaSetDevice");
     plan = std::move(p);
     dst = out;
