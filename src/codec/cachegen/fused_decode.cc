@@ -1,6 +1,7 @@
 #include "codec/cachegen/fused_decode.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -75,10 +76,20 @@ __attribute__((target("avx2,f16c"), always_inline)) inline void Store8(uint8_t* 
 // escape symbol's is this marker.
 constexpr int kEscapeMark = -128;
 
+// The decode tables of a batch's streams, which are consecutive
+// ParsedStreams: one base pointer and constant offsets, so that they take no
+// registers in the hot loop.
+struct Tables {
+  const uint8_t* base;
+  const int* operator[](int k) const {
+    return reinterpret_cast<const int*>(base + size_t(k) * sizeof(rans::ParsedStream));
+  }
+};
+
 // One round of stream k: its 8 values, escapes still marked.
 template <int S>
 __attribute__((target("avx2,bmi2"), always_inline)) inline __m256i Values8(__m256i (&x)[S], const uint8_t* (&w)[S],
-                                                                           const int* const (&tbl)[S], int k) {
+                                                                           Tables tbl, int k) {
   size_t used = 0;
   const __m256i e = rans::avx2::Round8<true>(x[k], tbl[k], w[k], used);
   w[k] += 2 * used;
@@ -121,7 +132,7 @@ struct GroupRows {
 // they come; false on a bad escape.
 template <int K, bool kPairs, bool kPair, bool kChecked, bool kNanCheck, DType kOut, int S>
 __attribute__((target("avx2,bmi2,f16c"), always_inline)) inline bool Group(__m256i (&x)[S], const uint8_t* (&w)[S],
-                                                                          const int* const (&tbl)[S], Stream* s,
+                                                                          Tables tbl, Stream* s,
                                                                           uint32_t D, const GroupRows& g,
                                                                           __m256i& lowest, __m256& nan) {
   constexpr size_t kEsize = kOut == DType::kF16 ? 2 : 4;
@@ -163,7 +174,7 @@ __attribute__((target("avx2,bmi2,f16c"), always_inline)) inline bool Group(__m25
 // with (x, w: updated to where it ends).
 template <int K, bool kPairs, DType kOut, int S>
 __attribute__((target("avx2,bmi2,f16c"), noinline, cold)) bool CheckedGroup(__m256i (&x)[S], const uint8_t* (&w)[S],
-                                                                           const int* const (&tbl)[S], Stream* s,
+                                                                           Tables tbl, Stream* s,
                                                                            uint32_t D, const GroupRows& g, bool pair,
                                                                            __m256& nan) {
   __m256i unused = _mm256_setzero_si256();
@@ -184,7 +195,7 @@ bool MayOverflow(const FusedSection& fs, size_t c0, size_t n) {
 }
 
 template <int K, bool kPairs, DType kOut, bool kNanCheck>
-__attribute__((target("avx2,bmi2,f16c"))) bool DecodeBatch(const FusedSection& fs, rans::ParsedStream* const* ps,
+__attribute__((target("avx2,bmi2,f16c"))) bool DecodeBatch(const FusedSection& fs, const rans::ParsedStream* ps,
                                                           uint32_t head0) {
   constexpr int S = kPairs ? 2 * K : K;
   const SectionLayout& l = *fs.layout;
@@ -192,14 +203,14 @@ __attribute__((target("avx2,bmi2,f16c"))) bool DecodeBatch(const FusedSection& f
   const uint32_t D = l.head_dim, tq = l.quantized_tokens();
   // The hot state in locals whose address is never taken: the output stores
   // may alias anything else.
+  static_assert(offsetof(rans::ParsedStream, table) == 0);
+  const Tables tbl{reinterpret_cast<const uint8_t*>(ps)};
   __m256i x[S];
   const uint8_t* w[S];
-  const int* tbl[S];
   Stream s[S];
   for (int k = 0; k < S; ++k) {
-    const rans::ParsedStream& p = *ps[k];
+    const rans::ParsedStream& p = ps[k];
     x[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.state));
-    tbl[k] = reinterpret_cast<const int*>(p.table);
     s[k].words = w[k] = p.payload.data() + 4 * 8;
     s[k].limit = p.payload.size() / 2 - 2 * 8;
     s[k].escape = p.escape;
@@ -212,7 +223,6 @@ __attribute__((target("avx2,bmi2,f16c"))) bool DecodeBatch(const FusedSection& f
   __m256 nan = _mm256_setzero_ps();
   const __m256i mark = _mm256_set1_epi32(kEscapeMark);
   constexpr uint32_t G = kPairs ? 2 : 1;
-  const auto used = [&](int k) { return static_cast<size_t>(w[k] - s[k].words) / 2; };
   for (uint32_t t = 0; t < tq; t += G) {
     const bool pair = kPairs && t + 1 < tq;
     for (int k = 0; k < S; ++k) w[k] = EnsureReadable(s[k], w[k], D + 8, k);  // a group reads <= D + 8 words
@@ -236,12 +246,12 @@ __attribute__((target("avx2,bmi2,f16c"))) bool DecodeBatch(const FusedSection& f
       for (int k = 0; k < S; ++k) x[k] = x0[k], w[k] = w0[k];
     }
     for (int k = 0; k < S; ++k)
-      if (used(k) > s[k].limit) return false;  // a padded stream read past its payload
+      if (size_t(w[k] - s[k].words) / 2 > s[k].limit) return false;  // a padded stream read past its payload
   }
   // The checks rANS makes at a stream's end (rans.cc FinishStream).
   const __m256i low = _mm256_set1_epi32(1 << 16);
   for (int k = 0; k < S; ++k) {
-    if (used(k) != s[k].limit || s[k].esc.remaining() != 0) return false;
+    if (size_t(w[k] - s[k].words) / 2 != s[k].limit || s[k].esc.remaining() != 0) return false;
     if (_mm256_movemask_epi8(_mm256_cmpeq_epi32(x[k], low)) != -1) return false;
   }
   // F16C keeps NaN payloads, F32ToF16 does not: NaNs (hostile or overflowing
@@ -251,7 +261,7 @@ __attribute__((target("avx2,bmi2,f16c"))) bool DecodeBatch(const FusedSection& f
 
 // Heads in power-of-two sub-batches (fewer instantiations).
 template <bool kPairs, DType kOut, bool kNanCheck>
-bool DecodeHeads(const FusedSection& s, rans::ParsedStream* const* ps, uint32_t head0, uint32_t heads) {
+bool DecodeHeads(const FusedSection& s, const rans::ParsedStream* ps, uint32_t head0, uint32_t heads) {
   constexpr uint32_t kPer = kPairs ? 2 : 1;
   while (heads > 0) {
     bool ok;
@@ -272,7 +282,7 @@ bool DecodeHeads(const FusedSection& s, rans::ParsedStream* const* ps, uint32_t 
 }
 
 template <bool kPairs>
-bool DecodeAs(const FusedSection& s, rans::ParsedStream* const* ps, uint32_t head0, uint32_t heads) {
+bool DecodeAs(const FusedSection& s, const rans::ParsedStream* ps, uint32_t head0, uint32_t heads) {
   if (s.sink->view.dtype() == DType::kF32) return DecodeHeads<kPairs, DType::kF32, false>(s, ps, head0, heads);
   if (MayOverflow(s, size_t{head0} * s.layout->head_dim, size_t{heads} * s.layout->head_dim))
     return DecodeHeads<kPairs, DType::kF16, true>(s, ps, head0, heads);
@@ -293,13 +303,13 @@ bool FusedApplies(const SectionLayout& l, const SectionSink& sink, bool use_delt
 #endif
 }
 
-bool DecodeFusedBatch(const FusedSection& s, rans::ParsedStream* const* streams, uint32_t head0, uint32_t heads) {
+bool DecodeFusedBatch(const FusedSection& s, const rans::ParsedStream* streams, uint32_t head0, uint32_t heads) {
 #if defined(__x86_64__)
   const uint32_t n = s.use_delta ? 2 * heads : heads;
   if (n == 0 || n > kMaxStreams) return false;
   for (uint32_t k = 0; k < n; ++k)
-    if (streams[k]->mode != rans::kModeRans || streams[k]->lanes != 8 ||
-        streams[k]->form != rans::TableForm::kZigZagValues)
+    if (streams[k].mode != rans::kModeRans || streams[k].lanes != 8 ||
+        streams[k].form != rans::TableForm::kZigZagValues)
       return false;
   return s.use_delta ? DecodeAs<true>(s, streams, head0, heads) : DecodeAs<false>(s, streams, head0, heads);
 #else

@@ -28,13 +28,14 @@ struct FusedSection {
 // Whether sections of this layout can take the fused path into this sink.
 bool FusedApplies(const SectionLayout& l, const SectionSink& sink, bool use_delta);
 
-// Decodes heads [head0, head0 + heads) whose streams are parsed in `streams`
-// (per head its anchor stream, then with deltas its delta stream; table form
+// Decodes heads [head0, head0 + heads) whose streams are parsed in the
+// consecutive `streams` (per head its anchor stream, then with deltas its
+// delta stream; table form
 // rans::TableForm::kZigZagValues) into the
 // sink. True when every row was written and every stream ended cleanly.
 // False leaves the batch to the generic decoder, which the caller reruns on
 // the same bytes (and which reports what was wrong); rows may be partly
 // written then. Streams' states are consumed either way.
-bool DecodeFusedBatch(const FusedSection& s, rans::ParsedStream* const* streams, uint32_t head0, uint32_t heads);
+bool DecodeFusedBatch(const FusedSection& s, const rans::ParsedStream* streams, uint32_t head0, uint32_t heads);
 
 }  // namespace cachegen::internal

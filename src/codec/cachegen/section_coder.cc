@@ -504,7 +504,7 @@ Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> pa
     const ByteReader batch_start = r;
     if (fused) {
       CG_RETURN_IF_ERROR(parse(rans::TableForm::kZigZagValues));
-      if (internal::DecodeFusedBatch(fs, ps, h0, hn)) continue;
+      if (internal::DecodeFusedBatch(fs, sc.streams.data(), h0, hn)) continue;
       // Not for the fused path after all (or corrupt): the generic path
       // decodes the same bytes again and has the last word.
       r = batch_start;
