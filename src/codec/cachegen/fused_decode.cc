@@ -43,10 +43,8 @@ struct Stream {
 // s.words): w itself, or, when fewer remain, the start of a copy of the
 // remaining words followed by zeros. need >= the words left when it
 // switches, so the copy never needs to grow again.
-const uint8_t* EnsureReadable(Stream& s, const uint8_t* w, size_t need, uint32_t k) {
-  const size_t pos = static_cast<size_t>(w - s.words) / 2;
-  if (s.padded || s.limit - pos >= need) return w;
-  const size_t rem = s.limit - pos;
+__attribute__((noinline)) const uint8_t* PadTail(Stream& s, const uint8_t* w, size_t need, uint32_t k) {
+  const size_t rem = s.limit - static_cast<size_t>(w - s.words) / 2;
   std::vector<uint8_t>& buf = PadBuffer(k);
   buf.assign(2 * (rem + need), 0);
   std::memcpy(buf.data(), w, 2 * rem);
@@ -54,6 +52,10 @@ const uint8_t* EnsureReadable(Stream& s, const uint8_t* w, size_t need, uint32_t
   s.limit = rem;
   s.padded = true;
   return s.words;
+}
+inline const uint8_t* EnsureReadable(Stream& s, const uint8_t* w, size_t need, uint32_t k) {
+  if (s.padded || s.limit - static_cast<size_t>(w - s.words) / 2 >= need) return w;
+  return PadTail(s, w, need, k);
 }
 
 // pred + float(q) * st: a multiply, then an add (no FMA), the generic path's
