@@ -479,7 +479,10 @@ Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> pa
       !l.rotate && !sink.rope && sink.view.dtype() == DType::kF16 && sink.view.strides().dim == 1 && simd::Avx2();
 #endif
 
-  const bool fused = internal::FusedApplies(l, sink, use_delta);
+  // The fused path knows the flags above; a section with any other (a later
+  // addition to the format) stays with the generic path.
+  const bool fused = (hdr.flags & ~(kSectionDelta | kSectionProfileStats | kSectionProfileTables)) == 0 &&
+                     internal::FusedApplies(l, sink, use_delta);
   const internal::FusedSection fs{&l, &sink, use_delta, mean, st, st_recent};
 
   for (uint32_t h0 = 0; h0 < H; h0 += batch) {
