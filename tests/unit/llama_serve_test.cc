@@ -81,21 +81,37 @@ TEST_F(LlamaServeTest, SecondRequestLoadsItsPrefixAndGeneratesTheSameWithALossle
   EXPECT_EQ(second->text, first->text);  // fp16 KV of an f16 cache is exact
 }
 
+// A first request through an fp16 engine, its chunks stored: the stored
+// chunk keys, the prompt tokens and the first answer's text.
+struct Stored {
+  std::vector<ChunkKey> keys;
+  std::vector<int32_t> tokens;
+  std::string text;
+};
+Stored CompleteAndStore(LlamaCompletionEngine& engine, const serve::CompletionRequest& req) {
+  Stored s;
+  auto first = engine.Complete(0, req, Ignore);
+  EXPECT_TRUE(first.ok());
+  engine.FlushStores();
+  auto tokens = engine.PromptTokens(req);
+  EXPECT_TRUE(tokens.ok());
+  if (!first.ok() || !tokens.ok()) return s;
+  s.tokens = *tokens;
+  s.text = first->text;
+  s.keys = ChunkKeys(engine.chain_root(), s.tokens, 64);
+  return s;
+}
+
 TEST_F(LlamaServeTest, AMissingChunkEndsTheCachedPrefixAndTheRestIsRecomputed) {
   auto engine = Engine("fp16", 1);
   ASSERT_TRUE(engine);
-  auto first = engine->Complete(0, Request(), Ignore);
-  ASSERT_TRUE(first.ok());
-  engine->FlushStores();
-  auto tokens = engine->PromptTokens(Request());
-  ASSERT_TRUE(tokens.ok());
-  const std::vector<ChunkKey> keys = ChunkKeys(engine->chain_root(), *tokens, 64);
-  ASSERT_GT(keys.size(), 2u);
-  ASSERT_TRUE(store_->Delete(keys[2], 0).ok());
+  const Stored first = CompleteAndStore(*engine, Request());
+  ASSERT_GT(first.keys.size(), 2u);
+  ASSERT_TRUE(store_->Delete(first.keys[2], 0).ok());
   auto second = engine->Complete(0, Request(), Ignore);
   ASSERT_TRUE(second.ok()) << second.status().message();
   EXPECT_EQ(second->timings.cached_tokens, 128u);
-  EXPECT_EQ(second->text, first->text);
+  EXPECT_EQ(second->text, first.text);
 }
 
 // A chunk that is found but cannot be decoded is recomputed from its text in
@@ -103,21 +119,16 @@ TEST_F(LlamaServeTest, AMissingChunkEndsTheCachedPrefixAndTheRestIsRecomputed) {
 TEST_F(LlamaServeTest, AnUndecodableChunkIsRecomputedAndTheChunksAfterItStillLoad) {
   auto engine = Engine("fp16", 1);
   ASSERT_TRUE(engine);
-  auto first = engine->Complete(0, Request(), Ignore);
-  ASSERT_TRUE(first.ok());
-  engine->FlushStores();
-  auto tokens = engine->PromptTokens(Request());
-  ASSERT_TRUE(tokens.ok());
-  const std::vector<ChunkKey> keys = ChunkKeys(engine->chain_root(), *tokens, 64);
-  ASSERT_GT(keys.size(), 3u);
-  const uint32_t cacheable = static_cast<uint32_t>((tokens->size() - 1) / 64) * 64;
+  const Stored first = CompleteAndStore(*engine, Request());
+  ASSERT_GT(first.keys.size(), 3u);
+  const uint32_t cacheable = static_cast<uint32_t>((first.tokens.size() - 1) / 64) * 64;
   const std::vector<uint8_t> junk(300, 0xab);
-  ASSERT_TRUE(store_->Put(keys[1], 0, junk).ok());
+  ASSERT_TRUE(store_->Put(first.keys[1], 0, junk).ok());
   auto second = engine->Complete(0, Request(), Ignore);
   ASSERT_TRUE(second.ok()) << second.status().message();
   EXPECT_EQ(second->timings.cached_tokens, cacheable - 64);
-  EXPECT_EQ(second->timings.recomputed_tokens, tokens->size() - (cacheable - 64));
-  EXPECT_EQ(second->text, first->text);
+  EXPECT_EQ(second->timings.recomputed_tokens, first.tokens.size() - (cacheable - 64));
+  EXPECT_EQ(second->text, first.text);
 }
 
 TEST_F(LlamaServeTest, LossyChunksLoadAndGenerate) {
