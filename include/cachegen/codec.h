@@ -84,6 +84,14 @@ struct CodecConfig {
   // settings must equal this config's. Decoding needs it registered
   // (RegisterProfile).
   std::shared_ptr<const Profile> profile;
+  // Scalar quantizer of the `cachegen` codec. kUniform: levels at multiples
+  // of the step, nearest level. kLloyd: per section a learned codebook moves
+  // the levels of the smaller symbols to the centroids of their bins (stored
+  // in the section, FORMAT.md "Reconstruction codebook"), and the encoder picks
+  // levels by distortion plus a rate term (entropy-constrained, iterated
+  // Lloyd-style). Opt-in; measured in docs/EVAL.md.
+  enum class Quantizer : uint8_t { kUniform = 0, kLloyd = 1 };
+  Quantizer quantizer = Quantizer::kUniform;
   uint32_t recent_tokens = 0;  // most recent W tokens of the context at higher precision
   double recent_step_scale = 0.5;  // their step multiplier; 0 = exact f16
 

@@ -86,6 +86,7 @@ std::vector<uint8_t> MakeValid(std::mt19937& rng) {
   cfg.levels = 1 + rng() % 3;
   cfg.chunk_tokens = rng() % 3 == 0 ? 0 : 1 + rng() % 24;
   cfg.threads = 1;
+  if (rng() % 2) cfg.quantizer = CodecConfig::Quantizer::kLloyd;  // cachegen: sections with codebooks
   const uint32_t dims[] = {1, 2, 4, 8, 16, 32};
   const KVShape shape{1 + uint32_t(rng() % 3), 1 + uint32_t(rng() % 2), dims[rng() % 6], 1 + uint32_t(rng() % 48)};
   const DType dtype = static_cast<DType>(rng() % 3);

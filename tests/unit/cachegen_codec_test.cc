@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "codec/cachegen/hadamard.h"
+#include "codec/cachegen/section_coder.h"
 #include "codec/codec.h"
 #include "common/half.h"
 
@@ -232,6 +233,142 @@ TEST(CacheGenCodec, HostilePayloadsFailCleanly) {
   bad_params[0] = 99;
   ctx.params = bad_params;
   EXPECT_FALSE(codec->DecodeSection(ctx, good, out).ok());
+}
+
+// Lloyd sections must decode to exactly the encoder's reconstruction, deltas
+// included (closed loop against the reconstructed anchor with codebook levels).
+TEST(CacheGenLloyd, DecoderReproducesEncoderReconstruction) {
+  const KVShape s{1, 2, 16, 96};
+  const auto data = MakeChunk(s, 11);
+  SectionLayout l;
+  l.tokens = s.tokens;
+  l.kv_heads = s.kv_heads;
+  l.head_dim = s.head_dim;
+  l.group_tokens = 4;
+  l.recent_begin = s.tokens;
+  l.lloyd = true;
+  const size_t n = size_t{s.tokens} * s.channels();
+  const std::span<const float> rows(data.data(), n);
+  const SectionAnalysis a(l, rows);
+  for (bool use_delta : {false, true})
+    for (float step : {0.3f, 1.0f, 2.5f}) {
+      std::vector<uint8_t> payload;
+      uint32_t side = 0;
+      a.Encode(step, use_delta, &payload, &side);
+      ASSERT_EQ(payload[0], (use_delta ? 1 : 0) | 8) << "codebook flag expected";
+      std::vector<float> out(n);
+      ASSERT_TRUE(DecodeCacheGenSection(l, payload, out).ok());
+      double err = 0;
+      for (size_t i = 0; i < n; ++i) err += double(rows[i] - out[i]) * (rows[i] - out[i]);
+      EXPECT_EQ(err / n, a.MeasureMse(step, use_delta)) << "step " << step << " delta " << use_delta;
+      EXPECT_NEAR(double(payload.size()), a.EstimateBytes(step, use_delta, 1), 0.02 * payload.size() + 8);
+    }
+}
+
+// Laplacian-distributed channels with different scales: the case a
+// rate-constrained quantizer with centroid levels is expected to win.
+std::vector<float> MakeLaplacianChunk(const KVShape& s, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::exponential_distribution<float> e(1.0f);
+  std::vector<float> data(s.values());
+  const uint32_t C = s.channels();
+  for (size_t i = 0; i < data.size(); ++i) {
+    const float scale = 0.5f + float(i % C % 5);
+    data[i] = RoundToF16((rng() & 1 ? 1.0f : -1.0f) * e(rng) * scale);
+  }
+  return data;
+}
+
+// K sections (where the codec uses the learned quantizer) at equal bits:
+// SNR at least the uniform quantizer's, corrected by 6.02 dB per bit of rate
+// difference.
+TEST(CacheGenLloyd, KeySnrAtEqualBitsNotBelowUniform) {
+  const KVShape s{2, 4, 32, 256};
+  const size_t n = size_t{s.tokens} * s.channels();
+  for (int kind = 0; kind < 2; ++kind) {
+    const auto data = kind ? MakeLaplacianChunk(s, 3) : MakeChunk(s, 3);
+    for (double bits : {1.5, 2.0, 3.0}) {
+      double score[2], rate[2];
+      for (int lloyd = 0; lloyd < 2; ++lloyd) {
+        CodecConfig cfg;
+        cfg.bits_per_value = bits;
+        cfg.quantizer = lloyd ? CodecConfig::Quantizer::kLloyd : CodecConfig::Quantizer::kUniform;
+        const Decoded d = EncodeDecode(s, data, cfg);
+        double p = 0, e = 0;
+        for (uint32_t layer = 0; layer < s.layers; ++layer)
+          for (size_t i = 2 * layer * n; i < (2 * layer + 1) * n; ++i) {
+            p += double(data[i]) * data[i];
+            e += double(data[i] - d.values[i]) * (data[i] - d.values[i]);
+          }
+        rate[lloyd] = d.bytes * 8.0 / s.values();
+        score[lloyd] = 10 * std::log10(p / e) - 6.02 * rate[lloyd];
+      }
+      EXPECT_GE(score[1], score[0] - 0.05) << (kind ? "laplace" : "ar1") << " at " << bits << " bits (" << rate[0]
+                                           << " vs " << rate[1] << " b/v)";
+    }
+  }
+}
+
+// Hostile codebook fields fail with clean errors.
+TEST(CacheGenLloyd, CorruptCodebookFailsCleanly) {
+  const KVShape s{1, 2, 8, 32};
+  const auto data = MakeChunk(s, 5);
+  SectionLayout l;
+  l.tokens = s.tokens;
+  l.kv_heads = s.kv_heads;
+  l.head_dim = s.head_dim;
+  l.recent_begin = s.tokens;
+  l.lloyd = true;
+  const size_t n = size_t{s.tokens} * s.channels();
+  const SectionAnalysis a(l, std::span<const float>(data.data(), n));
+  std::vector<uint8_t> good;
+  uint32_t side = 0;
+  a.Encode(1.0f, false, &good, &side);
+  ASSERT_EQ(good[0], 8);
+  std::vector<float> out(n);
+  ASSERT_TRUE(DecodeCacheGenSection(l, good, out).ok());
+  // The codebook starts after flags, step, C scale codes and C mean varints.
+  size_t pos = 5 + s.channels();
+  for (uint32_t c = 0; c < s.channels(); ++c)
+    while (good[pos++] & 0x80) {
+    }
+  const uint8_t levels = good[pos];
+  ASSERT_GE(levels, 1);
+  ASSERT_LE(levels, 16);
+  ASSERT_EQ(good[pos + 1], s.head_dim) << "one codebook per head";
+  auto expect_error = [&](std::vector<uint8_t> bad, const char* what) {
+    const Status st = DecodeCacheGenSection(l, bad, out);
+    EXPECT_EQ(st.code(), StatusCode::kCorrupt) << what;
+    EXPECT_NE(st.message().find("codebook"), std::string::npos) << what << ": " << st.message();
+  };
+  for (uint8_t m : {0, 17, 255}) {
+    auto bad = good;
+    bad[pos] = m;
+    expect_error(bad, "levels");
+  }
+  for (uint8_t g : {0, 17, 200}) {
+    auto bad = good;
+    bad[pos + 1] = g;
+    expect_error(bad, "group");
+  }
+  for (size_t len = pos; len < pos + 2 + 2 * levels; ++len)
+    expect_error(std::vector<uint8_t>(good.begin(), good.begin() + len), "truncated");
+  // One codebook per channel instead of per head: the offsets run into the
+  // streams; must not crash (checks later catch it).
+  auto bad = good;
+  bad[pos + 1] = 1;
+  (void)DecodeCacheGenSection(l, bad, out);
+  // Any offset bytes decode (levels stay finite); flipping them changes values only.
+  for (size_t i = pos + 2; i < pos + 2 + 2 * levels; ++i) {
+    auto b = good;
+    b[i] ^= 0x80;
+    EXPECT_TRUE(DecodeCacheGenSection(l, b, out).ok());
+    for (float v : out) ASSERT_TRUE(std::isfinite(v));
+  }
+  // Unknown section flag bits stay corrupt.
+  auto f = good;
+  f[0] |= 16;
+  EXPECT_EQ(DecodeCacheGenSection(l, f, out).code(), StatusCode::kCorrupt);
 }
 
 }  // namespace

@@ -20,9 +20,14 @@ KVTensor RandomTensor(KVShape shape, uint32_t seed) {
 }
 
 // The container for `codec`, or empty when the codec is not implemented yet.
+// "cachegen-lloyd" is the cachegen codec with the learned quantizer (codebook sections).
 std::vector<uint8_t> EncodeOrSkip(const std::string& codec, const KVTensor& t) {
   CodecConfig cfg;
   cfg.codec = codec;
+  if (codec == "cachegen-lloyd") {
+    cfg.codec = "cachegen";
+    cfg.quantizer = CodecConfig::Quantizer::kLloyd;
+  }
   cfg.chunk_tokens = 16;
   cfg.levels = 2;
   cfg.threads = 1;
@@ -96,7 +101,13 @@ TEST_P(Corruption, EveryFrameFlipFails) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(AllCodecs, Corruption, ::testing::ValuesIn(CodecNames()),
+std::vector<std::string> CorruptionCases() {
+  std::vector<std::string> names = CodecNames();
+  names.push_back("cachegen-lloyd");
+  return names;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllCodecs, Corruption, ::testing::ValuesIn(CorruptionCases()),
                          [](const auto& info) {
                            std::string s = info.param;
                            for (char& c : s)

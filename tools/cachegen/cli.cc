@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <algorithm>
 #include <limits>
+#include <map>
 #include <string_view>
 
 #include <CLI/CLI.hpp>
@@ -50,6 +51,16 @@ void AddRopeOptions(CLI::App* app, RopeArgs* a, bool model_flag) {
     app->add_option("--model", a->model, "GGUF model whose RoPE parameters are used (RoPE handling on)");
     app->add_flag("--no-rope", a->off, "Code keys as they are (post-RoPE) even with --model");
   }
+}
+
+void AddQuantizerOption(CLI::App* app, CodecConfig* config) {
+  const std::map<std::string, CodecConfig::Quantizer> kinds{{"uniform", CodecConfig::Quantizer::kUniform},
+                                                            {"lloyd", CodecConfig::Quantizer::kLloyd}};
+  app->add_option("--quantizer", config->quantizer,
+                  "cachegen: uniform (levels at multiples of the step) or lloyd (learned reconstruction codebook per "
+                  "section, rate-constrained choice of levels)")
+      ->transform(CLI::CheckedTransformer(kinds, CLI::ignore_case))
+      ->default_str("uniform");
 }
 
 Result<std::shared_ptr<const Profile>> LoadProfileFile(const std::string& path) {

@@ -27,6 +27,8 @@ struct RopeArgs {
   bool off = false;   // --no-rope
 };
 void AddRopeOptions(CLI::App* app, RopeArgs* args, bool model_flag);
+// --quantizer uniform|lloyd (CodecConfig::quantizer) of a command that encodes.
+void AddQuantizerOption(CLI::App* app, CodecConfig* config);
 
 // Reads a .cgprof, validates it and registers it for decoding (RegisterProfile).
 Result<std::shared_ptr<const Profile>> LoadProfileFile(const std::string& path);

@@ -204,6 +204,7 @@ const bool kRegistered = RegisterCommand(50, [](CLI::App& root) -> CommandRunner
   sub->add_flag("--rotate,!--no-rotate", a->tuning.rotate, "cachegen: per-head Hadamard rotation");
   sub->add_option("--layer-slope", a->tuning.layer_slope, "cachegen: >0 gives shallow layers finer steps");
   sub->add_option("--key-step-scale", a->tuning.key_step_scale, "cachegen: K step relative to V (bits mode)");
+  AddQuantizerOption(sub, &a->tuning);
   sub->add_option("--recent-tokens", a->tuning.recent_tokens, "cachegen: most recent W tokens at finer precision");
   sub->add_option("--recent-step-scale", a->tuning.recent_step_scale, "cachegen: their step multiplier")
       ->check(CLI::Range(0.0, 1.0));

@@ -77,6 +77,7 @@ const bool kRegistered = RegisterCommand(55, [](CLI::App& root) -> CommandRunner
       ->capture_default_str();
   t->add_option("--group-tokens", a->tuning.group_tokens, "Prediction group size G of the delta tables (0 = default)");
   t->add_flag("--rotate,!--no-rotate", a->tuning.rotate, "Learn in the Hadamard-rotated domain");
+  AddQuantizerOption(t, &a->tuning);
   return [prof, t, a]() -> std::optional<int> {
     if (!*prof) return std::nullopt;
     if (*t) return RunTrain(*a);

@@ -225,6 +225,7 @@ int Main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
   AddRopeOptions(enc, &ea.rope, /*model_flag=*/true);
+  AddQuantizerOption(enc, &ea.tuning);
   enc->add_option("--profile", ea.profile,
                   "cachegen: model profile (.cgprof, `cachegen profile train`); frames reference it instead of "
                   "carrying statistics and tables (same --rope/--rotate as it was trained with)");

@@ -93,6 +93,7 @@ const bool kRegistered = RegisterCommand(30, [](CLI::App& root) -> CommandRunner
       ->capture_default_str();
   c->add_flag("--json", a->json, "Print a JSON summary");
   AddRopeOptions(c, &a->rope, /*model_flag=*/true);
+  AddQuantizerOption(c, &a->codec);
   CLI::App* r = slot->add_subcommand("restore", ".cgslot -> llama.cpp slot file");
   r->add_option("input", a->input, ".cgslot file")->required();
   r->add_option("-o,--output", a->output, "Slot file for llama-server's action=restore")->required();

@@ -258,6 +258,8 @@ Result<std::shared_ptr<const Profile>> Profile::Train(std::span<const KVView> co
       l.rotate = false;  // rows are already in the coding domain
       l.recent_begin = l.tokens;
       l.profile = &d;  // its statistics (Histograms uses no tables)
+      // Tables of the symbols frames will code (the learned quantizer is used on K sections only).
+      l.lloyd = cfg.quantizer == CodecConfig::Quantizer::kLloyd && sec % 2 == 0;
       l.section = sec;
       const std::vector<float> rows = coding_rows(kv, sec);
       const SectionAnalysis a(l, rows);

@@ -42,6 +42,11 @@ inline uint8_t SigmaCode(double sigma) {
   return static_cast<uint8_t>(std::clamp(c, 0.0, 255.0));
 }
 
+// Reconstruction codebooks (FORMAT.md): offsets in 1/128 of a step, at most
+// 16 magnitudes.
+constexpr float kCodebookUnit = 1.0f / 128;
+constexpr uint32_t kMaxCodebookLevels = 16;
+
 inline uint32_t ZigZag(int32_t q) { return (static_cast<uint32_t>(q) << 1) ^ static_cast<uint32_t>(q >> 31); }
 inline int32_t UnZigZag(uint32_t u) { return static_cast<int32_t>(u >> 1) ^ -static_cast<int32_t>(u & 1); }
 
@@ -84,6 +89,159 @@ void ChannelCodes(double mean, double var, uint8_t* sigma_code, int32_t* mean_co
   *sigma_code = SigmaCode(std::sqrt(std::max(0.0, var)));
   const float unit = SigmaFromCode(*sigma_code) / kMeanUnitsPerSigma;
   *mean_code = static_cast<int32_t>(std::clamp(std::nearbyint(mean / unit), -kMaxAbsSymbol, kMaxAbsSymbol));
+}
+
+void Codebook::Levels(uint32_t group, uint32_t kind, float* y) const {
+  const int8_t* o = &offsets[(size_t{group} * kinds + kind) * 2 * levels];
+  y[0] = 0;
+  for (uint32_t u = 1; u <= 2 * levels; ++u) y[u] = static_cast<float>(UnZigZag(u)) + float(o[u - 1]) * kCodebookUnit;
+}
+
+size_t Codebook::bytes(uint32_t channels) const {
+  if (!levels) return 0;
+  size_t varint = 1;
+  for (uint32_t g = group_channels; g >= 0x80; g >>= 7) ++varint;
+  return 1 + varint + size_t{groups(channels)} * kinds * 2 * levels;
+}
+
+namespace {
+
+// Lloyd quantizer (encoder choices, FORMAT.md): the rate weight lambda in
+// step^2 per bit is the slope of a uniform quantizer's D(R) at high rate,
+// 2 ln 2 / 12; a magnitude gets codebook levels when at least
+// kCodebookMinCount values use it; kLloydPasses assignment/centroid passes
+// follow the first (plain rounding) pass.
+constexpr float kLloydLambda = 0.1155f;
+constexpr uint64_t kCodebookMinCount = 32;
+constexpr int kLloydPasses = 2;
+
+}  // namespace
+
+// What one quantization pass saw: symbol counts per (head, kind) for the rate
+// term, sums of the normalized residuals per (group, kind, symbol) for centroids.
+struct SectionAnalysis::LloydStats {
+  size_t bins = 0;  // 2M + 3; the last bin counts every larger symbol
+  std::vector<uint64_t> hist;  // [head][kind][bins]
+  std::vector<double> sum;     // [group][kind][2M + 1]
+  std::vector<uint64_t> count;
+  LloydStats(const Codebook& cb, uint32_t heads, uint32_t head_dim)
+      : bins(2 * cb.levels + 3),
+        hist(size_t{heads} * cb.kinds * bins),
+        sum(size_t{cb.groups(heads * head_dim)} * cb.kinds * (2 * cb.levels + 1)),
+        count(sum.size()) {}
+};
+
+void SectionAnalysis::QuantizeRowLloyd(const Codebook& cb, const float* row, const float* pred, const float* st,
+                                       const float* inv, bool is_delta, int32_t* q, float* rec,
+                                       LloydStats* stats) const {
+  const uint32_t H = layout_.kv_heads, D = layout_.head_dim, M = cb.levels;
+  const uint32_t kind = is_delta ? 1 : 0;
+  std::array<float, 2 * kMaxCodebookLevels + 1> y;
+  uint32_t y_group = ~0u;
+  auto level = [&](int32_t qq) { return uint32_t(std::abs(qq)) <= M ? y[ZigZag(qq)] : static_cast<float>(qq); };
+  for (uint32_t h = 0; h < H; ++h) {
+    const float* cost = &cb.cost[(size_t{h} * cb.kinds + kind) * (2 * M + 3)];
+    for (uint32_t d = 0; d < D; ++d) {
+      const uint32_t c = h * D + d;
+      const uint32_t group = c / cb.group_channels;
+      if (group != y_group) cb.Levels(y_group = group, kind, y.data());
+      const float r = row[c] - pred[c];
+      int32_t best = QuantizeValue(r, inv[c]);
+      const uint32_t a = static_cast<uint32_t>(std::abs(best));
+      if (a <= M + 1) {
+        // Nearest level by distortion plus lambda * bits, among the rounded
+        // magnitude and its two neighbours.
+        const float v = r * inv[c];
+        const int32_t sign = v < 0 ? -1 : 1;
+        float best_cost = INFINITY;
+        for (uint32_t m = a > 0 ? a - 1 : 0; m <= std::min(a + 1, M + 1); ++m) {
+          const int32_t qq = sign * int32_t(m);
+          const float e = v - level(qq);
+          const float j = e * e + cost[ZigZag(qq)];
+          if (j < best_cost) best_cost = j, best = qq;
+        }
+      }
+      q[c] = best;
+      rec[c] = pred[c] + level(best) * st[c];
+      if (stats) {
+        const uint32_t u = ZigZag(best);
+        ++stats->hist[(size_t{h} * cb.kinds + kind) * stats->bins + std::min<size_t>(u, stats->bins - 1)];
+        if (u >= 1 && u <= 2 * M) {
+          const size_t i = (size_t{group} * cb.kinds + kind) * (2 * M + 1) + u;
+          stats->sum[i] += r * inv[c];
+          ++stats->count[i];
+        }
+      }
+    }
+  }
+}
+
+Codebook SectionAnalysis::Learn(float step, bool use_delta, uint32_t sample_every) const {
+  Codebook cb;
+  if (!layout_.lloyd) return cb;
+  const uint32_t H = layout_.kv_heads;
+  const uint32_t C = layout_.channels();
+  cb.group_channels = layout_.head_dim;  // one codebook per head (measured best, docs/EVAL.md)
+  cb.kinds = use_delta ? 2 : 1;
+  cb.levels = kMaxCodebookLevels;
+  const internal::ProfileData* prof = layout_.profile;
+  // (Profile training learns before its tables exist.)
+  const int grid = prof && !prof->tables.empty() ? prof->GridIndex(step) : -1;
+  auto pass = [&](const Codebook& c) {
+    LloydStats stats(c, H, layout_.head_dim);
+    Quantize<false>(step, use_delta, sample_every, [](bool, const uint32_t*, const float*, const float*) {}, &c,
+                    &stats);
+    return stats;
+  };
+  // Offsets at the centroids and the rate term of a pass's assignment
+  // (st may have more levels than c).
+  auto update = [&](Codebook& c, const LloydStats& st) {
+    const uint32_t M = c.levels, sm = (uint32_t(st.bins) - 3) / 2;
+    c.offsets.assign(size_t{c.groups(C)} * c.kinds * 2 * M, 0);
+    for (size_t gk = 0; gk < size_t{c.groups(C)} * c.kinds; ++gk)
+      for (uint32_t u = 1; u <= 2 * M; ++u) {
+        const size_t i = gk * (2 * sm + 1) + u;
+        if (st.count[i] == 0) continue;
+        const double off = st.sum[i] / double(st.count[i]) - UnZigZag(u);
+        c.offsets[gk * 2 * M + u - 1] = static_cast<int8_t>(std::clamp(std::nearbyint(off * 128), -128.0, 127.0));
+      }
+    c.cost.assign(size_t{H} * c.kinds * (2 * M + 3), 0);
+    for (uint32_t h = 0; h < H; ++h)
+      for (uint32_t k = 0; k < c.kinds; ++k) {
+        float* cost = &c.cost[(size_t{h} * c.kinds + k) * (2 * M + 3)];
+        if (grid >= 0) {
+          // The profile's table is what the stream will be coded with.
+          const rans::FreqTable& t = prof->Table(layout_.section, grid, h, k);
+          for (uint32_t u = 0; u < 2 * M + 3; ++u)
+            cost[u] = kLloydLambda * (12 - std::log2(float(t.freq[std::min(u, t.escape)])) + (u >= t.escape ? 8 : 0));
+          continue;
+        }
+        const uint64_t* hs = &st.hist[(size_t{h} * c.kinds + k) * st.bins];
+        uint64_t n = 0;
+        for (size_t u = 0; u < st.bins; ++u) n += hs[u];
+        for (uint32_t u = 0; u < 2 * M + 3; ++u)
+          cost[u] = kLloydLambda * std::log2((double(n) + 1) / (double(hs[u]) + 0.5));
+      }
+  };
+  // First pass: plain rounding (no rate term, levels at q).
+  cb.offsets.assign(size_t{cb.groups(C)} * cb.kinds * 2 * cb.levels, 0);
+  cb.cost.assign(size_t{H} * cb.kinds * (2 * cb.levels + 3), 0);
+  LloydStats st = pass(cb);
+  // Magnitudes used often enough to estimate a centroid.
+  uint32_t M = 1;
+  for (uint32_t m = 1; m <= kMaxCodebookLevels; ++m) {
+    uint64_t n = 0;
+    for (size_t gk = 0; gk < size_t{cb.groups(C)} * cb.kinds; ++gk)
+      n += st.count[gk * (2 * kMaxCodebookLevels + 1) + 2 * m - 1] + st.count[gk * (2 * kMaxCodebookLevels + 1) + 2 * m];
+    if (n >= kCodebookMinCount) M = m;
+  }
+  cb.levels = M;
+  for (int it = 0; it < kLloydPasses; ++it) {
+    update(cb, st);
+    st = pass(cb);
+  }
+  update(cb, st);
+  return cb;
 }
 
 SectionAnalysis::SectionAnalysis(const SectionLayout& layout, std::span<const float> rows) : layout_(layout) {
@@ -133,12 +291,15 @@ SectionAnalysis::SectionAnalysis(const SectionLayout& layout, std::span<const fl
 // order (token groups, then tokens): sym holds the row's C zigzagged symbols,
 // x the original (rotated) row and rec its reconstruction (nullptr unless
 // kNeedRec). The per-row loops make no calls, so the compiler vectorizes them.
+// With a codebook, rows go through QuantizeRowLloyd instead (its levels and
+// rate term; stats, if given, collects what the pass saw).
 template <bool kNeedRec, typename Visit>
-void SectionAnalysis::Quantize(float step, bool use_delta, uint32_t sample_every, Visit&& visit) const {
+void SectionAnalysis::Quantize(float step, bool use_delta, uint32_t sample_every, Visit&& visit, const Codebook* cb,
+                               LloydStats* stats) const {
   const SectionLayout& l = layout_;
   const uint32_t C = l.channels(), tq = l.quantized_tokens();
   const uint32_t G = use_delta ? l.group_tokens : 1;
-  std::vector<float> anchor(C), st(C), inv(C), rec(kNeedRec ? C : 0);
+  std::vector<float> anchor(C), st(C), inv(C), rec(kNeedRec ? C : 0), lloyd_rec(cb ? C : 0);
   std::vector<int32_t> q(C);
   std::vector<uint32_t> sym(C);
   float st_for = -1;
@@ -156,12 +317,18 @@ void SectionAnalysis::Quantize(float step, bool use_delta, uint32_t sample_every
       const float* row = &y_[size_t{t} * C];
       const bool is_delta = t != g0;
       const float* pred = is_delta ? anchor.data() : mean_.data();
-      for (uint32_t c = 0; c < C; ++c) q[c] = QuantizeValue(row[c] - pred[c], inv[c]);
-      for (uint32_t c = 0; c < C; ++c) sym[c] = ZigZag(q[c]);
       // An anchor's reconstruction is the prediction of its group's deltas.
       float* out = !is_delta ? anchor.data() : kNeedRec ? rec.data() : nullptr;
-      if (out)
-        for (uint32_t c = 0; c < C; ++c) out[c] = pred[c] + static_cast<float>(q[c]) * st[c];
+      if (cb && cb->levels) {
+        if (!out) out = lloyd_rec.data();
+        QuantizeRowLloyd(*cb, row, pred, st.data(), inv.data(), is_delta, q.data(), out, stats);
+        for (uint32_t c = 0; c < C; ++c) sym[c] = ZigZag(q[c]);
+      } else {
+        for (uint32_t c = 0; c < C; ++c) q[c] = QuantizeValue(row[c] - pred[c], inv[c]);
+        for (uint32_t c = 0; c < C; ++c) sym[c] = ZigZag(q[c]);
+        if (out)
+          for (uint32_t c = 0; c < C; ++c) out[c] = pred[c] + static_cast<float>(q[c]) * st[c];
+      }
       visit(is_delta, sym.data(), row, kNeedRec ? out : nullptr);
     }
   }
@@ -170,7 +337,8 @@ void SectionAnalysis::Quantize(float step, bool use_delta, uint32_t sample_every
 double SectionAnalysis::EstimateBytes(float step, bool use_delta, uint32_t sample_every) const {
   const uint32_t H = layout_.kv_heads;
   std::vector<uint64_t> hist;
-  Histograms(step, use_delta, kEstimateBins, &hist, sample_every);
+  const Codebook cb = Learn(step, use_delta, sample_every);
+  HistogramsWith(cb, step, use_delta, kEstimateBins, &hist, sample_every);
   double stream_bytes = 0;
   const int g = layout_.profile ? layout_.profile->GridIndex(step) : -1;
   for (uint32_t s = 0; s < H * 2; ++s) {
@@ -185,7 +353,7 @@ double SectionAnalysis::EstimateBytes(float step, bool use_delta, uint32_t sampl
                                     : layout_.quantized_tokens();
   const uint32_t sampled = sample_every > 1 ? (groups + sample_every - 1) / sample_every : groups;
   if (sampled > 0) stream_bytes *= double(groups) / sampled;
-  return stream_bytes + side_info_bytes_ + exact_.size() * 2.0;
+  return stream_bytes + side_info_bytes_ + cb.bytes(layout_.channels()) + exact_.size() * 2.0;
 }
 
 bool SectionAnalysis::PreferDelta(float step, uint32_t sample_every) const {
@@ -197,10 +365,14 @@ double SectionAnalysis::MeasureMse(float step, bool use_delta) const {
   const uint32_t C = layout_.channels();
   double err = 0;
   size_t n = 0;
-  Quantize<true>(step, use_delta, 1, [&](bool, const uint32_t*, const float* x, const float* rec) {
-    for (uint32_t c = 0; c < C; ++c) err += double(x[c] - rec[c]) * (x[c] - rec[c]);
-    n += C;
-  });
+  const Codebook cb = Learn(step, use_delta, 1);
+  Quantize<true>(
+      step, use_delta, 1,
+      [&](bool, const uint32_t*, const float* x, const float* rec) {
+        for (uint32_t c = 0; c < C; ++c) err += double(x[c] - rec[c]) * (x[c] - rec[c]);
+        n += C;
+      },
+      &cb);
   for (float v : exact_) {
     const double e = v - RoundToF16(v);
     err += e * e;
@@ -218,23 +390,33 @@ void SectionAnalysis::Encode(float step, bool use_delta, std::vector<uint8_t>* o
     streams[2 * h + 1].reserve(size_t{counts.deltas} * layout_.head_dim);
   }
   const uint32_t D = layout_.head_dim;
-  Quantize<false>(step, use_delta, 1, [&](bool is_delta, const uint32_t* sym, const float*, const float*) {
-    for (uint32_t h = 0; h < H; ++h) {
-      std::vector<uint32_t>& stream = streams[2 * h + is_delta];
-      stream.insert(stream.end(), sym + size_t{h} * D, sym + size_t{h + 1} * D);
-    }
-  });
+  const Codebook cb = Learn(step, use_delta, 1);
+  Quantize<false>(
+      step, use_delta, 1,
+      [&](bool is_delta, const uint32_t* sym, const float*, const float*) {
+        for (uint32_t h = 0; h < H; ++h) {
+          std::vector<uint32_t>& stream = streams[2 * h + is_delta];
+          stream.insert(stream.end(), sym + size_t{h} * D, sym + size_t{h + 1} * D);
+        }
+      },
+      &cb);
 
   ByteWriter w(out);
   const size_t start = w.size();
   const internal::ProfileData* prof = layout_.profile;
   const int g = prof ? prof->GridIndex(step) : -1;
-  w.U8((use_delta ? kSectionDelta : 0) | (prof ? kSectionProfileStats : 0) | (g >= 0 ? kSectionProfileTables : 0));
+  w.U8((use_delta ? kSectionDelta : 0) | (prof ? kSectionProfileStats : 0) | (g >= 0 ? kSectionProfileTables : 0) |
+       (cb.levels ? kSectionCodebook : 0));
   w.F32(step);
   if (g >= 0) w.U8(static_cast<uint8_t>(g));
   if (!prof) {
     for (uint32_t c = 0; c < C; ++c) w.U8(sigma_code_[c]);
     for (uint32_t c = 0; c < C; ++c) w.Varint(ZigZag(mean_code_[c]));
+  }
+  if (cb.levels) {
+    w.U8(static_cast<uint8_t>(cb.levels));
+    w.Varint(cb.group_channels);
+    for (int8_t o : cb.offsets) w.U8(static_cast<uint8_t>(o));
   }
   *side_bytes = static_cast<uint32_t>(w.size() - start);
   auto stream = [&](uint32_t h, uint32_t kind) {
@@ -251,14 +433,22 @@ void SectionAnalysis::Encode(float step, bool use_delta, std::vector<uint8_t>* o
 
 void SectionAnalysis::Histograms(float step, bool use_delta, size_t bins, std::vector<uint64_t>* hist,
                                  uint32_t sample_every) const {
+  HistogramsWith(Learn(step, use_delta, sample_every), step, use_delta, bins, hist, sample_every);
+}
+
+void SectionAnalysis::HistogramsWith(const Codebook& cb, float step, bool use_delta, size_t bins,
+                                     std::vector<uint64_t>* hist, uint32_t sample_every) const {
   const uint32_t H = layout_.kv_heads, D = layout_.head_dim;
   hist->assign(size_t{H} * 2 * bins, 0);
-  Quantize<false>(step, use_delta, sample_every, [&](bool is_delta, const uint32_t* sym, const float*, const float*) {
-    for (uint32_t h = 0, c = 0; h < H; ++h) {
-      uint64_t* hh = &(*hist)[(size_t{h} * 2 + is_delta) * bins];
-      for (uint32_t d = 0; d < D; ++d, ++c) ++hh[std::min<size_t>(sym[c], bins - 1)];
-    }
-  });
+  Quantize<false>(
+      step, use_delta, sample_every,
+      [&](bool is_delta, const uint32_t* sym, const float*, const float*) {
+        for (uint32_t h = 0, c = 0; h < H; ++h) {
+          uint64_t* hh = &(*hist)[(size_t{h} * 2 + is_delta) * bins];
+          for (uint32_t d = 0; d < D; ++d, ++c) ++hh[std::min<size_t>(sym[c], bins - 1)];
+        }
+      },
+      &cb);
 }
 
 namespace {
@@ -329,6 +519,45 @@ __attribute__((target("avx2,f16c"))) void DequantF16Avx2(const uint32_t* sym, co
 
 using DequantFn = void (*)(const uint32_t*, const float*, const float*, float*, uint32_t);
 
+// A decoded codebook's levels: table (group, kind) at levels + (group * kinds + kind) * (top + 1).
+struct LevelTables {
+  const float* levels = nullptr;
+  uint32_t top = 0;  // 2M: symbols u <= top have a level
+  uint32_t kinds = 1, group_channels = 1;
+};
+
+// Dequantization with a codebook for channels c0.. of stream kind `kind`:
+// symbols u <= top take their group's level y[u], larger ones
+// q = UnZigZag(u) as in DequantScalar; out[d] = pred[d] + level * st[d].
+void DequantLevels(const LevelTables& lt, uint32_t kind, uint32_t c0, const uint32_t* sym, const float* pred,
+                   const float* st, float* out, uint32_t n) {
+  for (uint32_t d = 0; d < n; ++d) {
+    const float* y = lt.levels + (size_t{(c0 + d) / lt.group_channels} * lt.kinds + kind) * (lt.top + 1);
+    const uint32_t u = sym[d];
+    const float v = u <= lt.top ? y[u] : static_cast<float>(UnZigZag(u));
+    out[d] = pred[d] + v * st[d];
+  }
+}
+
+// Reads and validates a section's codebook (FORMAT.md "Reconstruction codebook").
+Status ReadCodebook(ByteReader& r, uint32_t channels, bool use_delta, Codebook* cb) {
+  cb->levels = r.U8();
+  const uint64_t g = r.Varint();
+  if (!r.ok()) return Status::Corrupt("cachegen section: truncated codebook");
+  if (cb->levels == 0 || cb->levels > kMaxCodebookLevels)
+    return Status::Corrupt("cachegen section: codebook levels " + std::to_string(cb->levels) + " not in 1..16");
+  if (g == 0 || g > channels)
+    return Status::Corrupt("cachegen section: codebook group of " + std::to_string(g) + " channels not in 1..C");
+  cb->group_channels = static_cast<uint32_t>(g);
+  cb->kinds = use_delta ? 2 : 1;
+  const size_t n = size_t{cb->groups(channels)} * cb->kinds * 2 * cb->levels;
+  const auto bytes = r.Bytes(n);
+  if (!r.ok()) return Status::Corrupt("cachegen section: truncated codebook");
+  cb->offsets.resize(n);
+  std::memcpy(cb->offsets.data(), bytes.data(), n);
+  return Status::Ok();
+}
+
 DequantFn PickDequant() {
 #if defined(__x86_64__)
   if (simd::Avx2()) return &DequantAvx2;
@@ -341,7 +570,7 @@ DequantFn PickDequant() {
 struct DecodeScratch {
   std::vector<rans::ParsedStream> streams;
   std::vector<uint32_t> symbols;
-  std::vector<float> sigma, mean, st, st_recent, anchor, row;
+  std::vector<float> sigma, mean, st, st_recent, anchor, row, levels;
   std::vector<std::vector<uint8_t>> spliced;  // table-form streams rebuilt with their profile table
 };
 
@@ -406,7 +635,7 @@ Status ParseSectionHeader(const SectionLayout& l, ByteReader& r, SectionHeader* 
   const uint8_t flags = r.U8();
   const float step = r.F32();
   if (!r.ok()) return Status::Corrupt("cachegen section: truncated header");
-  if (flags > 7) return Status::Corrupt("cachegen section: unknown flags " + std::to_string(flags));
+  if (flags & ~kSectionFlagsKnown) return Status::Corrupt("cachegen section: unknown flags " + std::to_string(flags));
   if (!(step > 0) || !std::isfinite(step) || step > 1e30f) return Status::Corrupt("cachegen section: invalid step");
   const internal::ProfileData* prof = l.profile;
   if ((flags & (kSectionProfileStats | kSectionProfileTables)) && !prof)
@@ -454,6 +683,18 @@ Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> pa
   const bool use_delta = hdr.flags & kSectionDelta;
   const internal::ProfileData* prof = l.profile;
   const int grid = hdr.grid;
+  // Reconstruction levels per (channel group, stream kind), when the section has a codebook.
+  Codebook cb;
+  float* levels = nullptr;
+  LevelTables lt;
+  if (hdr.flags & kSectionCodebook) {
+    CG_RETURN_IF_ERROR(ReadCodebook(r, C, use_delta, &cb));
+    const size_t per = 2 * size_t{cb.levels} + 1;
+    levels = Grow(sc.levels, size_t{cb.groups(C)} * cb.kinds * per);
+    for (uint32_t g = 0; g < cb.groups(C); ++g)
+      for (uint32_t k = 0; k < cb.kinds; ++k) cb.Levels(g, k, levels + (size_t{g} * cb.kinds + k) * per);
+    lt = {levels, 2 * cb.levels, cb.kinds, cb.group_channels};
+  }
   // Steps of the older and of the recent tokens (TokenStep), per channel.
   float* st = Grow(sc.st, C);
   float* st_recent = Grow(sc.st_recent, C);
@@ -476,7 +717,7 @@ Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> pa
   const uint32_t G = use_delta ? l.group_tokens : 1;
 #if defined(__x86_64__)
   const bool fused_f16 =
-      !l.rotate && !sink.rope && sink.view.dtype() == DType::kF16 && sink.view.strides().dim == 1 && simd::Avx2();
+      !levels && !l.rotate && !sink.rope && sink.view.dtype() == DType::kF16 && sink.view.strides().dim == 1 && simd::Avx2();
 #endif
 
   // The fused path knows the flags above; a section with any other (a later
@@ -546,10 +787,16 @@ Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> pa
           const float* stt = (t >= l.recent_begin ? st_recent : st) + c0;
           float* rec = t == g0 ? anchor : row;
           if (t == g0) {
-            dequant(asym, mean + c0, stt, anchor, D);
+            if (levels)
+              DequantLevels(lt, 0, uint32_t(c0), asym, mean + c0, stt, anchor, D);
+            else
+              dequant(asym, mean + c0, stt, anchor, D);
             asym += D;
           } else {
-            dequant(dsym, anchor, stt, row, D);
+            if (levels)
+              DequantLevels(lt, 1, uint32_t(c0), dsym, anchor, stt, row, D);
+            else
+              dequant(dsym, anchor, stt, row, D);
             dsym += D;
           }
           if (l.rotate) {

@@ -43,9 +43,28 @@ struct SectionLayout {
   // section `section` = 2 * layer + (V ? 1 : 0) come from it), or none.
   const internal::ProfileData* profile = nullptr;
   uint32_t section = 0;
+  // Encoder only: learn a reconstruction codebook and quantize with a rate
+  // term (CodecConfig::quantizer kLloyd); the decoder reads the section flag.
+  bool lloyd = false;
   uint32_t channels() const { return kv_heads * head_dim; }
   // Tokens coded through the quantizer: all but an exact f16 tail.
   uint32_t quantized_tokens() const { return recent_step_scale == 0 ? recent_begin : tokens; }
+};
+
+// A section's learned reconstruction levels (FORMAT.md "Reconstruction
+// codebook"): per group of channels and stream kind, the symbols u = 1..2M
+// (zigzag of q = +-1..+-M) reconstruct at q + offset/128 steps instead of q.
+struct Codebook {
+  uint32_t levels = 0;          // M; 0: uniform (no codebook)
+  uint32_t group_channels = 1;  // consecutive channels sharing one codebook
+  uint32_t kinds = 1;           // 1: anchor streams only; 2: anchor and delta
+  std::vector<int8_t> offsets;  // [group][kind][u - 1], u = 1..2M
+  // Encoder only: lambda * bits of symbol u per [head][kind][u], u < 2M + 3.
+  std::vector<float> cost;
+  uint32_t groups(uint32_t channels) const { return (channels + group_channels - 1) / group_channels; }
+  size_t bytes(uint32_t channels) const;  // as stored
+  // Reconstruction levels y[u], u = 0..2M, of (group, kind), in units of the step.
+  void Levels(uint32_t group, uint32_t kind, float* y) const;
 };
 
 // Analysis shared by every quality level: rotated rows and channel statistics.
@@ -77,8 +96,18 @@ class SectionAnalysis {
                   uint32_t sample_every = 1) const;
 
  private:
+  struct LloydStats;
+  void HistogramsWith(const Codebook& cb, float step, bool use_delta, size_t bins, std::vector<uint64_t>* hist,
+                      uint32_t sample_every) const;
   template <bool kNeedRec, typename Visit>
-  void Quantize(float step, bool use_delta, uint32_t sample_every, Visit&& visit) const;
+  void Quantize(float step, bool use_delta, uint32_t sample_every, Visit&& visit, const Codebook* cb = nullptr,
+                LloydStats* stats = nullptr) const;
+  // The codebook Encode and the estimates use at (step, use_delta): empty
+  // unless layout().lloyd; learned on one token group in `sample_every`.
+  Codebook Learn(float step, bool use_delta, uint32_t sample_every) const;
+  // Quantizes one row with the codebook's levels and rate term.
+  void QuantizeRowLloyd(const Codebook& cb, const float* row, const float* pred, const float* st, const float* inv,
+                        bool is_delta, int32_t* q, float* rec, LloydStats* stats) const;
 
   SectionLayout layout_;
   std::vector<float> y_;        // rotated rows [tokens][channels]
@@ -98,7 +127,7 @@ const std::array<float, 256>& SigmaTable();
 // point, channel statistics. Parsed and validated by the CPU decoder and the
 // CUDA decoder's plan alike.
 struct SectionHeader {
-  uint8_t flags = 0;       // bit 0 deltas, bits 1-2 profile statistics / tables
+  uint8_t flags = 0;       // bit 0 deltas, bits 1-2 profile statistics / tables, bit 3 codebook
   float step = 0;
   int grid = -1;           // profile grid point, or -1
   size_t stats_begin = 0;  // offset of the channel scale codes (when present)
@@ -107,8 +136,10 @@ struct SectionHeader {
 constexpr uint8_t kSectionDelta = 1;
 constexpr uint8_t kSectionProfileStats = 2;   // channel statistics from the profile
 constexpr uint8_t kSectionProfileTables = 4;  // streams in table form, grid point byte follows the step
+constexpr uint8_t kSectionCodebook = 8;       // reconstruction codebook after the channel statistics
+constexpr uint8_t kSectionFlagsKnown = 15;
 // Reads the header from r; sigma and mean receive the C dequantized channel
-// scales and means. Leaves r at the first symbol stream.
+// scales and means. Leaves r at the codebook (flag bit 3), else at the first symbol stream.
 Status ParseSectionHeader(const SectionLayout& layout, ByteReader& r, SectionHeader* header, float* sigma,
                           float* mean);
 

@@ -161,7 +161,8 @@ Result<EvalReport> RunEval(const EvalOptions& o) {
       for (double b : o.bits) {
         cfg.bits_per_value = b;
         const std::string setting =
-            fmt::format("bits={:g}{}{}", b, o.rope ? "" : " no-rope", o.codec.profile ? " profile" : "");
+            fmt::format("bits={:g}{}{}{}", b, o.rope ? "" : " no-rope", o.codec.profile ? " profile" : "",
+                        o.codec.quantizer == CodecConfig::Quantizer::kLloyd ? " lloyd" : "");
         for (uint32_t level = 0; level < cfg.levels; ++level)
           specs.push_back({c, cfg.levels > 1 ? fmt::format("{} level={}", setting, level) : setting, "", cfg, level});
       }
