@@ -124,11 +124,24 @@ struct SectionAnalysis::LloydStats {
   std::vector<uint64_t> hist;  // [head][kind][bins]
   std::vector<double> sum;     // [group][kind][2M + 1]
   std::vector<uint64_t> count;
+  double distortion = 0;  // sum of squared errors in units of the step
   LloydStats(const Codebook& cb, uint32_t heads, uint32_t head_dim)
       : bins(2 * cb.levels + 3),
         hist(size_t{heads} * cb.kinds * bins),
         sum(size_t{cb.groups(heads * head_dim)} * cb.kinds * (2 * cb.levels + 1)),
         count(sum.size()) {}
+  // Order-0 entropy of the symbols per (head, kind) stream, in bits (the
+  // larger symbols share one bin: the same approximation for every pass).
+  double EntropyBits() const {
+    double bits = 0;
+    for (size_t s0 = 0; s0 < hist.size(); s0 += bins) {
+      uint64_t n = 0;
+      for (size_t u = 0; u < bins; ++u) n += hist[s0 + u];
+      for (size_t u = 0; u < bins; ++u)
+        if (hist[s0 + u]) bits += double(hist[s0 + u]) * std::log2(double(n) / double(hist[s0 + u]));
+    }
+    return bits;
+  }
 };
 
 void SectionAnalysis::QuantizeRowLloyd(const Codebook& cb, const float* row, const float* pred, const float* st,
@@ -164,6 +177,8 @@ void SectionAnalysis::QuantizeRowLloyd(const Codebook& cb, const float* row, con
       q[c] = best;
       rec[c] = pred[c] + level(best) * st[c];
       if (stats) {
+        const float e = r * inv[c] - level(best);
+        stats->distortion += double(e) * e;
         const uint32_t u = ZigZag(best);
         ++stats->hist[(size_t{h} * cb.kinds + kind) * stats->bins + std::min<size_t>(u, stats->bins - 1)];
         if (u >= 1 && u <= 2 * M) {
@@ -236,11 +251,17 @@ Codebook SectionAnalysis::Learn(float step, bool use_delta, uint32_t sample_ever
     if (n >= kCodebookMinCount) M = m;
   }
   cb.levels = M;
+  const double j_uniform = st.distortion + kLloydLambda * st.EntropyBits();
   for (int it = 0; it < kLloydPasses; ++it) {
     update(cb, st);
     st = pass(cb);
   }
   update(cb, st);
+  // Keep the codebook only when it lowers distortion + lambda * rate (side
+  // bytes included) against plain rounding at this step: at high rates the
+  // centroids sit near the bin centres and the codebook would be overhead.
+  const double j_lloyd = st.distortion + kLloydLambda * (st.EntropyBits() + 8.0 * double(cb.bytes(C)));
+  if (!(j_lloyd < j_uniform)) return Codebook{};
   return cb;
 }
 
