@@ -238,6 +238,18 @@ TEST(GpuPlan, UnimplementedFeaturesAreUnsupported) {
     expect_unsupported(p, "section flag");
   }
   {
+    CodecConfig lloyd = gpu_test::Cfg(1, 0, 2);  // sections with reconstruction codebooks
+    lloyd.quantizer = CodecConfig::Quantizer::kLloyd;
+    const KVShape big{1, 2, 16, 96};
+    const FrameParts p = Split(SmallFrame(lloyd, big));
+    bool codebook = false;
+    for (const auto& sec : p.sections) codebook |= !sec.bytes.empty() && (sec.bytes[0] & 8);
+    ASSERT_TRUE(codebook) << "expected a codebook section at 1 bit/value";
+    auto plan = gpu::PlanFrame(Join(p), 0, gpu::ContiguousLayout(big, DType::kF16));
+    ASSERT_FALSE(plan.ok());
+    EXPECT_EQ(plan.status().code(), StatusCode::kUnsupported) << plan.status().ToString();
+  }
+  {
     CodecConfig fp16;
     fp16.codec = "fp16";
     FrameParts p = Split(SmallFrame(fp16, shape));
