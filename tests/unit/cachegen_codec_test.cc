@@ -235,18 +235,24 @@ TEST(CacheGenCodec, HostilePayloadsFailCleanly) {
   EXPECT_FALSE(codec->DecodeSection(ctx, good, out).ok());
 }
 
+// One section of shape `s` with the learned quantizer, no recent window.
+SectionLayout LloydLayout(const KVShape& s, uint32_t group_tokens) {
+  SectionLayout l;
+  l.tokens = s.tokens;
+  l.kv_heads = s.kv_heads;
+  l.head_dim = s.head_dim;
+  l.group_tokens = group_tokens;
+  l.recent_begin = s.tokens;
+  l.lloyd = true;
+  return l;
+}
+
 // Lloyd sections must decode to exactly the encoder's reconstruction, deltas
 // included (closed loop against the reconstructed anchor with codebook levels).
 TEST(CacheGenLloyd, DecoderReproducesEncoderReconstruction) {
   const KVShape s{1, 2, 16, 96};
   const auto data = MakeChunk(s, 11);
-  SectionLayout l;
-  l.tokens = s.tokens;
-  l.kv_heads = s.kv_heads;
-  l.head_dim = s.head_dim;
-  l.group_tokens = 4;
-  l.recent_begin = s.tokens;
-  l.lloyd = true;
+  const SectionLayout l = LloydLayout(s, 4);
   const size_t n = size_t{s.tokens} * s.channels();
   const std::span<const float> rows(data.data(), n);
   const SectionAnalysis a(l, rows);
@@ -314,12 +320,7 @@ TEST(CacheGenLloyd, KeySnrAtEqualBitsNotBelowUniform) {
 TEST(CacheGenLloyd, CorruptCodebookFailsCleanly) {
   const KVShape s{1, 2, 8, 96};
   const auto data = MakeChunk(s, 11);
-  SectionLayout l;
-  l.tokens = s.tokens;
-  l.kv_heads = s.kv_heads;
-  l.head_dim = s.head_dim;
-  l.recent_begin = s.tokens;
-  l.lloyd = true;
+  const SectionLayout l = LloydLayout(s, 1);
   const size_t n = size_t{s.tokens} * s.channels();
   const SectionAnalysis a(l, std::span<const float>(data.data(), n));
   std::vector<uint8_t> good;

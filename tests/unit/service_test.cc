@@ -330,18 +330,22 @@ TEST_P(ServiceTest, MetricsAndHealth) {
   EXPECT_NE(m.find("cachegen_response_bytes_total"), std::string::npos);
 }
 
-TEST_P(ServiceTest, RateLimitShapesGets) {
-  if (GetParam() != "mem") GTEST_SKIP() << "backend-independent";
-  ServiceOptions opts;
-  opts.connection_rate = *ParseRateTrace("40mbit");  // 5 MB/s
-  Restart(opts);
-  // A level-0 frame of 64 tokens x 8 layers is a few hundred KB.
+// One level-0 frame of 64 tokens x 8 layers at 8 bits/value: a few hundred KB.
+Result<std::vector<std::vector<uint8_t>>> LargeFrame() {
   TestContext c = MakeContext(16);
   c.kv = std::move(SyntheticKV({8, 8, 128, 64}, DType::kF16, 3)).value();
   c.config.levels = 1;
   c.config.bits_per_value = 8;
   c.config.chunk_tokens = 64;
-  auto frames = Encoder::Create(c.config)->EncodeChunk(c.kv.view(), 0, 64);
+  return Encoder::Create(c.config)->EncodeChunk(c.kv.view(), 0, 64);
+}
+
+TEST_P(ServiceTest, RateLimitShapesGets) {
+  if (GetParam() != "mem") GTEST_SKIP() << "backend-independent";
+  ServiceOptions opts;
+  opts.connection_rate = *ParseRateTrace("40mbit");  // 5 MB/s
+  Restart(opts);
+  Result<std::vector<std::vector<uint8_t>>> frames = LargeFrame();
   ASSERT_TRUE(frames.ok());
   ASSERT_TRUE(client_->Put(kKey, 0, (*frames)[0]).ok());
   const double bytes = static_cast<double>((*frames)[0].size());
@@ -356,12 +360,7 @@ TEST_P(ServiceTest, RateLimitShapesGets) {
 
 TEST_P(ServiceTest, ProgressReadsReportAndCancel) {
   if (GetParam() != "mem") GTEST_SKIP() << "backend-independent";
-  TestContext c = MakeContext(16);
-  c.kv = std::move(SyntheticKV({8, 8, 128, 64}, DType::kF16, 3)).value();
-  c.config.levels = 1;
-  c.config.bits_per_value = 8;
-  c.config.chunk_tokens = 64;
-  auto frames = Encoder::Create(c.config)->EncodeChunk(c.kv.view(), 0, 64);
+  Result<std::vector<std::vector<uint8_t>>> frames = LargeFrame();
   ASSERT_TRUE(frames.ok());
   const std::vector<uint8_t>& frame = (*frames)[0];
   ASSERT_GT(frame.size(), 100000u);
