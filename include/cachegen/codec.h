@@ -120,6 +120,8 @@ struct EncodeStats {
   std::vector<double> level_bits_per_value;
 };
 
+class EncoderScratchPool;
+
 class Encoder {
  public:
   static Result<Encoder> Create(const CodecConfig& config);
@@ -138,8 +140,11 @@ class Encoder {
                                                         std::vector<FrameStats>* stats = nullptr) const;
 
  private:
-  explicit Encoder(CodecConfig config) : config_(std::move(config)) {}
+  explicit Encoder(CodecConfig config);
   CodecConfig config_;
+  // Working memory of finished chunk encodes, reused by the next ones (an
+  // encoder keeps about one chunk's worth per concurrent chunk; copies share it).
+  std::shared_ptr<EncoderScratchPool> scratch_;
 };
 
 // Header facts of one frame, read without decoding its payload.

@@ -29,6 +29,12 @@ enum class CodecId : uint8_t {
   kCacheGen = 8,
 };
 
+// Working memory a codec keeps from one chunk to the next an encoder codes
+// (a codec defines its own subclass; see ChunkF32::scratch).
+struct EncodeScratch {
+  virtual ~EncodeScratch() = default;
+};
+
 // One chunk in f32, contiguous [layer][K|V][token][channel], channel = head*head_dim + dim.
 struct ChunkF32 {
   KVShape shape;              // tokens = tokens in this chunk
@@ -36,6 +42,10 @@ struct ChunkF32 {
   uint32_t token_start = 0;   // absolute position of token 0
   uint32_t context_tokens = 0;  // length of the context the chunk belongs to
   std::span<const float> data;
+  // Optional: where the codec may keep its working memory between chunks
+  // (large buffers reused instead of being allocated and faulted in again).
+  // The codec replaces an object of another type; null: none kept.
+  std::unique_ptr<EncodeScratch>* scratch = nullptr;
 
   std::span<const float> Section(uint32_t layer, KV kv) const {
     const uint64_t n = uint64_t{shape.tokens} * shape.channels();

@@ -2,6 +2,8 @@
 // runs the codec on each and wraps the results in frames and a container.
 #include <algorithm>
 #include <cmath>
+#include <memory>
+#include <mutex>
 #include <string>
 
 #include "cachegen/codec.h"
@@ -23,6 +25,38 @@ uint32_t RequestedLevels(const CodecConfig& c) {
 }
 
 }  // namespace
+
+// What one chunk encode allocates that the next can reuse: the gathered f32
+// chunk and the codec's own working memory. Fresh memory of this size (tens
+// of MB for a production-shaped chunk) is mapped and faulted in page by page,
+// which took about as long as the encode itself.
+struct ChunkScratch {
+  std::unique_ptr<float[]> data;  // not value-initialised: every row is written
+  size_t capacity = 0;
+  std::unique_ptr<EncodeScratch> codec;
+};
+
+class EncoderScratchPool {
+ public:
+  std::unique_ptr<ChunkScratch> Take() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (free_.empty()) return std::make_unique<ChunkScratch>();
+    std::unique_ptr<ChunkScratch> s = std::move(free_.back());
+    free_.pop_back();
+    return s;
+  }
+  void Give(std::unique_ptr<ChunkScratch> s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.push_back(std::move(s));
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::unique_ptr<ChunkScratch>> free_;
+};
+
+Encoder::Encoder(CodecConfig config)
+    : config_(std::move(config)), scratch_(std::make_shared<EncoderScratchPool>()) {}
 
 Result<Encoder> Encoder::Create(const CodecConfig& config) {
   auto codec = CodecByName(config.codec);
@@ -55,7 +89,8 @@ namespace {
 // already scanned the whole context, so the scan is not repeated per chunk.
 Result<std::vector<std::vector<uint8_t>>> EncodeChunkImpl(const CodecConfig& config, const KVView& chunk,
                                                           uint32_t token_start, uint32_t context_tokens,
-                                                          std::vector<FrameStats>* stats, bool check_finite) {
+                                                          std::vector<FrameStats>* stats, bool check_finite,
+                                                          EncoderScratchPool* pool) {
   const KVShape& shape = chunk.shape();
   CG_RETURN_IF_ERROR(shape.Validate());
   if (uint64_t{token_start} + shape.tokens > UINT32_MAX)
@@ -68,7 +103,18 @@ Result<std::vector<std::vector<uint8_t>>> EncodeChunkImpl(const CodecConfig& con
 
   // Gather the chunk as contiguous f32 [layer][K|V][token][channel].
   const uint64_t row = shape.channels();
-  std::vector<float> data(shape.values());
+  struct Lease {
+    EncoderScratchPool* pool;
+    std::unique_ptr<ChunkScratch> s;
+    ~Lease() { pool->Give(std::move(s)); }
+  } lease{pool, pool->Take()};
+  ChunkScratch& scratch = *lease.s;
+  if (scratch.capacity < shape.values()) {
+    scratch.data.reset();
+    scratch.data.reset(new float[shape.values()]);
+    scratch.capacity = shape.values();
+  }
+  float* data = scratch.data.get();
   for (uint32_t l = 0; l < shape.layers; ++l)
     for (KV kv : {KV::kKey, KV::kValue})
       for (uint32_t t = 0; t < shape.tokens; ++t)
@@ -78,7 +124,8 @@ Result<std::vector<std::vector<uint8_t>>> EncodeChunkImpl(const CodecConfig& con
   in.source_dtype = chunk.dtype();
   in.token_start = token_start;
   in.context_tokens = context_tokens;
-  in.data = data;
+  in.data = std::span<const float>(data, shape.values());
+  in.scratch = &scratch.codec;
 
   CG_ASSIGN_OR_RETURN(std::vector<EncodedLevel> levels, codec->Encode(in, config));
   if (levels.empty() || levels.size() > RequestedLevels(config))
@@ -127,7 +174,7 @@ Result<std::vector<std::vector<uint8_t>>> EncodeChunkImpl(const CodecConfig& con
 Result<std::vector<std::vector<uint8_t>>> Encoder::EncodeChunk(const KVView& chunk, uint32_t token_start,
                                                                uint32_t context_tokens,
                                                                std::vector<FrameStats>* stats) const {
-  return EncodeChunkImpl(config_, chunk, token_start, context_tokens, stats, /*check_finite=*/true);
+  return EncodeChunkImpl(config_, chunk, token_start, context_tokens, stats, /*check_finite=*/true, scratch_.get());
 }
 
 Result<std::vector<uint8_t>> Encoder::Encode(const KVView& kv, EncodeStats* stats, uint32_t token_start) const {
@@ -148,7 +195,8 @@ Result<std::vector<uint8_t>> Encoder::Encode(const KVView& kv, EncodeStats* stat
     const uint32_t begin = static_cast<uint32_t>(c) * chunk_tokens;
     const uint32_t n = std::min(chunk_tokens, shape.tokens - begin);
     CG_ASSIGN_OR_RETURN(frames[c], EncodeChunkImpl(config_, kv.Tokens(begin, n), token_start + begin,
-                                                   context_tokens, &chunk_stats[c], /*check_finite=*/false));
+                                                   context_tokens, &chunk_stats[c], /*check_finite=*/false,
+                                                   scratch_.get()));
     return Status::Ok();
   }));
   const size_t levels = frames[0].size();

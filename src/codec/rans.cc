@@ -369,27 +369,88 @@ EncSymbol MakeEncSymbol(uint32_t f, uint32_t cum) {
   return e;
 }
 
+#if defined(__x86_64__)
+// kPackWords.idx[m]: for a renormalisation mask m over 8 lanes, the lanes
+// whose word is emitted, in lane order, in the top popcount(m) of 8 slots:
+// a round's words, stored so that they end where the next round's begin.
+struct PackWords {
+  alignas(32) uint32_t idx[256][8];
+};
+constexpr PackWords MakePackWords() {
+  PackWords t{};
+  for (uint32_t m = 0; m < 256; ++m) {
+    uint32_t k = 8 - static_cast<uint32_t>(std::popcount(m));
+    for (uint32_t j = 0; j < 8; ++j)
+      if ((m >> j) & 1) t.idx[m][k++] = j;
+  }
+  return t;
+}
+constexpr PackWords kPackWords = MakePackWords();
+
+// The 8-lane encode loop over `rounds` full rounds of 8 symbols (symbol 8r + j
+// on lane j), last round first, with the lane states x in one AVX2 register:
+// the words and states of the scalar loop. Per symbol v, fc[v] = freq |
+// cum << 16 and inv[v] = 1.0 / freq (freq < kProbScale). The quotient
+// floor(st / f) is taken as floor((st + 0.5) * inv): st / f is k + j / f with
+// j < f, so (st + 0.5) / f lies at least 0.5 / f >= 2^-13 from an integer,
+// while the double rounding errors stay below 2^-30 (quotients < 2^20).
+// Words go below pos (each round stores 8 slots ending at pos, so 8 slots of
+// room must be free below); returns the new pos.
+__attribute__((target("avx2,bmi2,popcnt"))) size_t EncodeRounds8Avx2(const uint8_t* syms, size_t rounds,
+                                                                    const uint32_t* fc, const double* inv,
+                                                                    uint32_t* state, uint16_t* words, size_t pos) {
+  __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(state));
+  const __m256i lo16 = _mm256_set1_epi32(0xffff);
+  const __m256i sign = _mm256_set1_epi32(INT32_MIN);
+  const __m256d bias = _mm256_set1_pd(2147483648.0 + 0.5);
+  const __m256i scale = _mm256_set1_epi32(kProbScale);
+  const __m256d all = _mm256_castsi256_pd(_mm256_set1_epi64x(-1));
+  for (size_t r = rounds; r-- > 0;) {
+    const __m128i s8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(syms + 8 * r));
+    const __m256i sym = _mm256_cvtepu8_epi32(s8);
+    const __m256i e = _mm256_i32gather_epi32(reinterpret_cast<const int*>(fc), sym, 4);
+    const __m256i f = _mm256_and_si256(e, lo16);
+    const __m256i cum = _mm256_srli_epi32(e, 16);
+    // Renormalise: st >= f << 20 (unsigned) sheds its low 16 bits.
+    const __m256i bound = _mm256_slli_epi32(f, 32 - kProbBits);
+    const __m256i emit = _mm256_cmpeq_epi32(_mm256_max_epu32(x, bound), x);
+    const uint32_t m = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(emit)));
+    const __m256i w = _mm256_permutevar8x32_epi32(
+        _mm256_and_si256(x, lo16), _mm256_load_si256(reinterpret_cast<const __m256i*>(kPackWords.idx[m])));
+    const __m256i w16 = _mm256_permute4x64_epi64(_mm256_packus_epi32(w, w), 0x08);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(words + pos - 8), _mm256_castsi256_si128(w16));
+    pos -= static_cast<size_t>(_mm_popcnt_u32(m));
+    x = _mm256_blendv_epi8(x, _mm256_srli_epi32(x, 16), emit);
+    // q = floor(st / f), then st' = st + q * (2^12 - f) + cum.
+    const __m256i xs = _mm256_xor_si256(x, sign);  // st - 2^31 as a signed int
+    const __m256d d0 = _mm256_add_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(xs)), bias);
+    const __m256d d1 = _mm256_add_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256(xs, 1)), bias);
+    const __m256d i0 = _mm256_mask_i32gather_pd(_mm256_setzero_pd(), inv, _mm256_castsi256_si128(sym), all, 8);
+    const __m256d i1 = _mm256_mask_i32gather_pd(_mm256_setzero_pd(), inv, _mm256_extracti128_si256(sym, 1), all, 8);
+    const __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm256_cvttpd_epi32(_mm256_mul_pd(d0, i0))),
+                                              _mm256_cvttpd_epi32(_mm256_mul_pd(d1, i1)), 1);
+    x = _mm256_add_epi32(_mm256_add_epi32(x, _mm256_mullo_epi32(q, _mm256_sub_epi32(scale, f))), cum);
+  }
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(state), x);
+  return pos;
+}
+#endif
+
 // Writes the rANS body of n >= 1 symbols: mode 2 with its table inline, or
 // mode 3 whose table the decoder knows. Returns the header bytes (mode byte on).
 size_t WriteRans(std::span<const uint32_t> symbols, uint32_t e, const std::array<uint32_t, kMaxAlphabet>& freq,
                  uint32_t lanes, uint64_t escape_bytes, bool inline_table, ByteWriter& out) {
   const size_t n = symbols.size();
   const size_t start = out.size();
-  // Symbols and the escape area (forward order).
-  std::vector<uint8_t> syms(n);
+  // Symbols (values >= E as the escape symbol) and the escape area (forward order).
+  std::unique_ptr<uint8_t[]> syms(new uint8_t[n]);
+  for (size_t i = 0; i < n; ++i) syms[i] = static_cast<uint8_t>(std::min(symbols[i], e));
   std::vector<uint8_t> esc;
-  esc.reserve(escape_bytes);
-  {
+  if (escape_bytes) {
+    esc.reserve(escape_bytes);
     ByteWriter ew(&esc);
-    for (size_t i = 0; i < n; ++i) {
-      const uint32_t v = symbols[i];
-      if (v < e) {
-        syms[i] = static_cast<uint8_t>(v);
-      } else {
-        syms[i] = static_cast<uint8_t>(e);
-        ew.Varint(v - e);
-      }
-    }
+    for (size_t i = 0; i < n; ++i)
+      if (symbols[i] >= e) ew.Varint(symbols[i] - e);
   }
 
   std::array<EncSymbol, kMaxAlphabet> enc;
@@ -397,16 +458,25 @@ size_t WriteRans(std::span<const uint32_t> symbols, uint32_t e, const std::array
 
   // Words are produced last to first; they are written from the end of a
   // buffer that fits the most a stream can emit (one per symbol plus the
-  // final states), so the payload needs no reversal. Not value-initialised:
-  // only [pos, cap) is read.
-  const size_t cap = n + 2 * size_t{lanes};
+  // final states) and 8 words of room for the AVX2 rounds' stores, so the
+  // payload needs no reversal. Not value-initialised: only [pos, cap) is read.
+  const size_t cap = n + 2 * size_t{lanes} + 8;
   std::unique_ptr<uint16_t[]> words(new uint16_t[cap]);
   size_t pos = cap;
   uint32_t x[kMaxLanes];
   for (uint32_t j = 0; j < lanes; ++j) x[j] = kL;
+  // The full rounds of 8 lanes go to the AVX2 loop (freq kProbScale, a
+  // single symbol, never occurs in a stream of two or more distinct values,
+  // but it is checked); the scalar loop takes the rest, last symbols first.
+  bool simd = false;
+#if defined(__x86_64__)
+  simd = lanes == 8 && n >= 8 && simd::Avx2();
+  for (uint32_t v = 0; v <= e && simd; ++v) simd = freq[v] < kProbScale;
+#endif
+  const size_t stop = simd ? n / 8 * 8 : 0;
   // Symbol i goes to lane i % lanes; the lane index is counted down, not divided.
   uint32_t lane = static_cast<uint32_t>((n - 1) % lanes);
-  for (size_t i = n; i-- > 0; lane = lane == 0 ? lanes - 1 : lane - 1) {
+  for (size_t i = n; i-- > stop; lane = lane == 0 ? lanes - 1 : lane - 1) {
     uint32_t& st = x[lane];
     const EncSymbol& es = enc[syms[i]];
     if (st >= es.renorm_bound) {
@@ -417,6 +487,17 @@ size_t WriteRans(std::span<const uint32_t> symbols, uint32_t e, const std::array
     const uint32_t q = static_cast<uint32_t>((static_cast<unsigned __int128>(st) * es.magic) >> es.shift);
     st += q * es.cmpl_freq + es.cum;
   }
+#if defined(__x86_64__)
+  if (stop) {
+    alignas(32) uint32_t fc[kMaxAlphabet];
+    alignas(32) double inv[kMaxAlphabet];
+    for (uint32_t v = 0; v <= e; ++v) {
+      fc[v] = freq[v] | (enc[v].cum << 16);
+      inv[v] = freq[v] ? 1.0 / freq[v] : 0.0;
+    }
+    pos = EncodeRounds8Avx2(syms.get(), stop / 8, fc, inv, x, words.get(), pos);
+  }
+#endif
   for (uint32_t j = lanes; j-- > 0;) {
     words[--pos] = static_cast<uint16_t>(x[j] >> 16);
     words[--pos] = static_cast<uint16_t>(x[j]);
@@ -444,35 +525,147 @@ size_t WriteRans(std::span<const uint32_t> symbols, uint32_t e, const std::array
 
 // ---------------------------------------------------------------------------
 
+void CountSymbols(std::span<const uint32_t> symbols, std::span<uint64_t> histogram) {
+  // Four interleaved sub-tables of 32-bit counters, flushed before they can
+  // overflow; small histograms (the estimates' 1024 bins) stay on the stack.
+  constexpr size_t kSub = 4, kStackBins = 1024;
+  constexpr size_t kFlush = size_t{1} << 30;
+  const size_t bins = histogram.size();
+  if (bins == 0) return;
+  uint32_t stack[kSub * kStackBins];
+  std::vector<uint32_t> heap;
+  uint32_t* sub = stack;
+  if (bins > kStackBins) {
+    heap.resize(kSub * bins);
+    sub = heap.data();
+  }
+  const uint32_t last = static_cast<uint32_t>(std::min<size_t>(bins - 1, UINT32_MAX));
+  const uint32_t* v = symbols.data();
+  for (size_t done = 0; done < symbols.size();) {
+    const size_t n = std::min(symbols.size() - done, kFlush);
+    std::memset(sub, 0, kSub * bins * sizeof(uint32_t));
+    uint32_t* s0 = sub;
+    uint32_t* s1 = sub + bins;
+    uint32_t* s2 = sub + 2 * bins;
+    uint32_t* s3 = sub + 3 * bins;
+    size_t i = 0;
+    for (; i + kSub <= n; i += kSub) {
+      ++s0[std::min(v[done + i], last)];
+      ++s1[std::min(v[done + i + 1], last)];
+      ++s2[std::min(v[done + i + 2], last)];
+      ++s3[std::min(v[done + i + 3], last)];
+    }
+    for (; i < n; ++i) ++s0[std::min(v[done + i], last)];
+    for (size_t b = 0; b < bins; ++b) histogram[b] += uint64_t{s0[b]} + s1[b] + s2[b] + s3[b];
+    done += n;
+  }
+}
+
+namespace {
+
+// Stats of a non-empty stream, with the number of distinct values (counted
+// up to 2) and the smallest value.
+struct StreamStats {
+  Stats s;
+  uint32_t distinct = 0;
+  uint32_t lo = 0;
+};
+
+// From the direct counts of values below 256; the rare larger values (bin
+// 256) are looked at one by one.
+StreamStats StatsOf(std::span<const uint32_t> symbols, const SymbolCounts& hist) {
+  StreamStats r;
+  Stats& s = r.s;
+  s.n = symbols.size();
+  for (uint32_t v = 0; v < 256; ++v) {
+    if (hist[v] == 0) continue;
+    if (r.distinct++ == 0) r.lo = v;
+    s.max_value = v;
+    s.win[0][v] = hist[v];
+    if (v >= 128) s.win[1][v - 128] += hist[v];
+  }
+  if (hist[256]) {
+    uint32_t big_lo = UINT32_MAX, big_hi = 0;
+    for (uint32_t v : symbols) {
+      if (v < 256) continue;
+      big_lo = std::min(big_lo, v);
+      big_hi = std::max(big_hi, v);
+      AddValue(&s, v, 1);
+    }
+    if (r.distinct++ == 0) r.lo = big_lo;
+    if (big_lo != big_hi) ++r.distinct;
+    s.max_value = big_hi;
+  }
+  return r;
+}
+
+// Multiplies every count by `scale` (rounded): a sample's stats standing for
+// the whole stream.
+void ScaleStats(Stats* s, double scale) {
+  auto sc = [scale](uint64_t c) { return c ? static_cast<uint64_t>(static_cast<double>(c) * scale + 0.5) : 0; };
+  s->n = 0;
+  for (uint64_t& c : s->win[0]) s->n += (c = sc(c));
+  for (uint64_t& c : s->tail) c = sc(c);
+  for (int k = 1; k < 5; ++k)
+    for (uint64_t& c : s->win[k]) c = sc(c);
+  s->n += s->tail[0];
+}
+
+// EstimateStreamBytes for a non-empty, non-constant stream.
+uint64_t EstimateFromStats(const Stats& s, const EncodeOptions& options) {
+  const Plan p = MakePlan(s, options.lanes);
+  double bits = 0;
+  for (uint32_t v = 0; v <= p.escape; ++v) {
+    if (p.count[v] == 0) continue;
+    bits += static_cast<double>(p.count[v]) * (static_cast<double>(kProbBits) - std::log2(static_cast<double>(p.freq[v])));
+  }
+  // Payload: the information in 16-bit words, plus the final states (on
+  // average about 3 bytes per lane beyond the information they carry).
+  const uint64_t payload = 2 * static_cast<uint64_t>(std::ceil(bits / 16.0)) + 3 * p.lanes;
+  return 1 + TableBytes(p) + 1 + VarintLen(p.escape_bytes) + VarintLen(payload) + p.escape_bytes + payload;
+}
+
+SymbolCounts Count(std::span<const uint32_t> symbols) {
+  SymbolCounts c{};
+  CountSymbols(symbols, c);
+  return c;
+}
+
+}  // namespace
+
 size_t EncodeStream(std::span<const uint32_t> symbols, ByteWriter& out, const EncodeOptions& options) {
+  return EncodeStream(symbols, Count(symbols), out, options);
+}
+
+size_t EncodeStream(std::span<const uint32_t> symbols, const SymbolCounts& counts, ByteWriter& out,
+                    const EncodeOptions& options) {
   const size_t n = symbols.size();
   const size_t start = out.size();
   if (n == 0) {
     out.U8(kModeEmpty);
     return 1;
   }
-  Stats s;
-  s.n = n;
-  uint32_t lo = symbols[0], hi = symbols[0];
-  for (uint32_t v : symbols) {
-    lo = std::min(lo, v);
-    hi = std::max(hi, v);
-    if (v < 256) {
-      ++s.win[0][v];
-    } else {
-      AddValue(&s, v, 1);
-    }
-  }
-  for (uint32_t v = 128; v < 256; ++v) s.win[1][v - 128] += s.win[0][v];
-  if (lo == hi) {
+  const StreamStats st = StatsOf(symbols, counts);
+  if (st.distinct == 1) {
     out.U8(kModeConstant);
-    out.Varint(lo);
+    out.Varint(st.lo);
     return out.size() - start;
   }
-  s.max_value = hi;
-  const Plan p = MakePlan(s, options.lanes);
-
+  const Plan p = MakePlan(st.s, options.lanes);
   return WriteRans(symbols, p.escape, p.freq, p.lanes, p.escape_bytes, /*inline_table=*/true, out);
+}
+
+uint64_t EstimateStreamBytes(std::span<const uint32_t> symbols, double scale, const EncodeOptions& options) {
+  return EstimateStreamBytes(symbols, Count(symbols), scale, options);
+}
+
+uint64_t EstimateStreamBytes(std::span<const uint32_t> symbols, const SymbolCounts& counts, double scale,
+                             const EncodeOptions& options) {
+  if (symbols.empty()) return 1;
+  StreamStats st = StatsOf(symbols, counts);
+  if (st.distinct == 1) return 1 + VarintLen(st.lo);
+  if (scale != 1) ScaleStats(&st.s, scale);
+  return EstimateFromStats(st.s, options);
 }
 
 uint64_t EstimateStreamBytes(std::span<const uint64_t> histogram, const EncodeOptions& options) {
@@ -494,16 +687,7 @@ uint64_t EstimateStreamBytes(std::span<const uint64_t> histogram, const EncodeOp
   }
   if (s.n == 0) return 1;
   if (distinct == 1) return 1 + VarintLen(first);
-  const Plan p = MakePlan(s, options.lanes);
-  double bits = 0;
-  for (uint32_t v = 0; v <= p.escape; ++v) {
-    if (p.count[v] == 0) continue;
-    bits += static_cast<double>(p.count[v]) * (static_cast<double>(kProbBits) - std::log2(static_cast<double>(p.freq[v])));
-  }
-  // Payload: the information in 16-bit words, plus the final states (on
-  // average about 3 bytes per lane beyond the information they carry).
-  const uint64_t payload = 2 * static_cast<uint64_t>(std::ceil(bits / 16.0)) + 3 * p.lanes;
-  return 1 + TableBytes(p) + 1 + VarintLen(p.escape_bytes) + VarintLen(payload) + p.escape_bytes + payload;
+  return EstimateFromStats(s, options);
 }
 
 FreqTable MakeFreqTable(std::span<const uint64_t> histogram) {
@@ -562,6 +746,31 @@ uint64_t EstimateStreamBytesWithTable(std::span<const uint64_t> histogram, const
   if (n == 0) return 1;
   if (distinct == 1) return 1 + VarintLen(first);
   const uint64_t lanes = std::min<uint64_t>(std::clamp<uint32_t>(options.lanes, 1, kMaxLanes), n);
+  const uint64_t payload = 2 * static_cast<uint64_t>(std::ceil(bits / 16.0)) + 3 * lanes;
+  return 1 + 1 + VarintLen(escape_bytes) + VarintLen(payload) + escape_bytes + payload;
+}
+
+uint64_t EstimateStreamBytesWithTable(std::span<const uint32_t> symbols, const FreqTable& table, double scale,
+                                      const EncodeOptions& options) {
+  if (symbols.empty()) return 1;
+  StreamStats st = StatsOf(symbols, Count(symbols));
+  if (st.distinct == 1) return 1 + VarintLen(st.lo);
+  if (scale != 1) ScaleStats(&st.s, scale);
+  const Stats& s = st.s;
+  const uint32_t e = table.escape;
+  uint64_t direct = 0, escape_bytes = 0;
+  double bits = 0;
+  for (uint32_t v = 0; v < e; ++v) {
+    direct += s.win[0][v];
+    if (s.win[0][v]) bits += static_cast<double>(s.win[0][v]) * (kProbBits - std::log2(static_cast<double>(table.freq[v])));
+  }
+  bits += static_cast<double>(s.n - direct) * (kProbBits - std::log2(static_cast<double>(table.freq[e])));
+  // Values >= E + kVarintStep[k] each add a byte to the escape area.
+  for (int k = 0; k < 5; ++k) {
+    escape_bytes += s.tail[k];
+    for (uint32_t j = e; j < 256; ++j) escape_bytes += s.win[k][j];
+  }
+  const uint64_t lanes = std::min<uint64_t>(std::clamp<uint32_t>(options.lanes, 1, kMaxLanes), s.n);
   const uint64_t payload = 2 * static_cast<uint64_t>(std::ceil(bits / 16.0)) + 3 * lanes;
   return 1 + 1 + VarintLen(escape_bytes) + VarintLen(payload) + escape_bytes + payload;
 }

@@ -35,11 +35,33 @@ struct EncodeOptions {
 // written are stream header (mode, frequency table, lengths): side information.
 size_t EncodeStream(std::span<const uint32_t> symbols, ByteWriter& out, const EncodeOptions& options = {});
 
+// Adds to histogram[min(v, size - 1)] one count per symbol v (size >= 1):
+// the histograms the estimates take. Branch-free, several sub-tables, so runs
+// of equal symbols do not serialise on one counter.
+void CountSymbols(std::span<const uint32_t> symbols, std::span<uint64_t> histogram);
+
+// A stream's symbol counts as the coder takes them: [v] for v < 256, [256]
+// for all larger values (CountSymbols with 257 bins). Callers that count
+// anyway (rate control) pass them to the overloads below instead of having
+// the symbols counted again.
+using SymbolCounts = std::array<uint64_t, 257>;
+// EncodeStream given the symbols' counts.
+size_t EncodeStream(std::span<const uint32_t> symbols, const SymbolCounts& counts, ByteWriter& out,
+                    const EncodeOptions& options = {});
+
 // Bytes EncodeStream would append for symbols with this histogram
 // (histogram[v] = count of value v; values beyond the histogram's end are not
 // allowed), computed without encoding: used by rate control. Exact to within
 // the rANS flush bytes (a few bytes per lane).
 uint64_t EstimateStreamBytes(std::span<const uint64_t> histogram, const EncodeOptions& options = {});
+
+// The same from the symbols themselves (any values); with scale != 1 the
+// symbols are a sample and every count is multiplied by scale first, so a
+// sample estimates a stream that many times longer (its table, header and
+// flush bytes counted once).
+uint64_t EstimateStreamBytes(std::span<const uint32_t> symbols, double scale, const EncodeOptions& options = {});
+uint64_t EstimateStreamBytes(std::span<const uint32_t> symbols, const SymbolCounts& counts, double scale,
+                             const EncodeOptions& options = {});
 
 // A frequency table known to both sides (a model profile's, FORMAT.md
 // ".cgprof"): escape threshold E in [2, 255] and freq[0..E], each >= 1 (so any
@@ -60,6 +82,9 @@ size_t EncodeStreamWithTable(std::span<const uint32_t> symbols, const FreqTable&
 // Bytes EncodeStreamWithTable would append for this histogram (same accuracy
 // as EstimateStreamBytes).
 uint64_t EstimateStreamBytesWithTable(std::span<const uint64_t> histogram, const FreqTable& table,
+                                      const EncodeOptions& options = {});
+// The same from the symbols, scaled like EstimateStreamBytes(symbols, scale).
+uint64_t EstimateStreamBytesWithTable(std::span<const uint32_t> symbols, const FreqTable& table, double scale,
                                       const EncodeOptions& options = {});
 // Stream mode bytes (FORMAT.md "Symbol streams").
 constexpr uint8_t kModeEmpty = 0;     // no symbols; nothing follows

@@ -171,12 +171,45 @@ Status CopyKV(const KVView& src, const KVView& dst) {
   return Status::Ok();
 }
 
+namespace {
+
+// True when some of the n values at p (contiguous) is NaN or Inf: their
+// exponent bits are all ones. An OR over lanes, no branch per value.
+template <typename T>
+bool AnyNonFinite(const uint8_t* p, uint32_t n, T exp_mask) {
+  T any = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    T v;
+    std::memcpy(&v, p + sizeof(T) * i, sizeof(T));
+    any |= static_cast<T>((v & exp_mask) == exp_mask);
+  }
+  return any != 0;
+}
+
+bool RowHasNonFinite(const KVView& view, uint32_t l, KV kv, uint32_t t) {
+  const KVShape& a = view.shape();
+  for (uint32_t h = 0; h < a.kv_heads; ++h) {
+    const auto* p = static_cast<const uint8_t*>(view.Pointer(l, kv, t, h, 0));
+    const bool bad = view.dtype() == DType::kF32   ? AnyNonFinite<uint32_t>(p, a.head_dim, 0x7f800000u)
+                     : view.dtype() == DType::kF16 ? AnyNonFinite<uint16_t>(p, a.head_dim, 0x7c00)
+                                                   : AnyNonFinite<uint16_t>(p, a.head_dim, 0x7f80);
+    if (bad) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 Status CheckFinite(const KVView& view) {
   const KVShape& a = view.shape();
+  // Contiguous dims: the raw bits are scanned, and rows are converted to
+  // float only where a non-finite value is, for the message.
+  const bool raw = view.strides().dim == 1;
   std::vector<float> row(a.channels());
   for (uint32_t l = 0; l < a.layers; ++l)
     for (KV kv : {KV::kKey, KV::kValue})
       for (uint32_t t = 0; t < a.tokens; ++t) {
+        if (raw && !RowHasNonFinite(view, l, kv, t)) continue;
         view.ReadRow(l, kv, t, row.data());
         for (size_t c = 0; c < row.size(); ++c)
           if (!std::isfinite(row[c]))

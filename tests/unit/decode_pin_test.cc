@@ -129,19 +129,24 @@ std::vector<Case> Cases() {
 
 // Recorded with the decoder as of the commit that added this test; update
 // only together with a FORMAT.md version change (decoded values) or a
-// documented encoder change (encoded bytes).
+// documented encoder change (encoded bytes). The faster encoder
+// (docs/PERFORMANCE.md, "Encoder") chooses other steps and delta flags, so
+// the rows whose encoded bytes changed were re-recorded, decoded hashes
+// included (new bytes decode to new values; identical with CACHEGEN_SIMD=0);
+// max_error_no_delta, one_token_chunks and cachegen_ref kept their bytes and
+// their original hashes.
 struct Pinned {
   uint64_t encoded, f32, f16, bf16;
 };
 const Pinned kPinned[] = {
-    {0xc4c64fbe5123122dull, 0x834e9e5d7fe63338ull, 0x0d1e31a979c1c045ull, 0x6b57f0ff1320456eull},  // default_odd_tokens
-    {0x244162cf0ca7af9full, 0xff89865f5d081b6full, 0x816a2cca467eceb4ull, 0x6e1f998277f5be72ull},  // production_head_256
-    {0xc7fa62b7b5538821ull, 0x6975d9756d9436faull, 0x2fe92f3c360e2254ull, 0x351c4007e7f2c771ull},  // rotate_bits3_levels2
-    {0x278b347dc46478c1ull, 0x6778a4a65e31226cull, 0xa2bcd7b722595ad0ull, 0x1c44309eeac6be86ull},  // recent_exact
-    {0xd107f9e19606c807ull, 0xa688a51e7714191full, 0xc9e890b086d3be5eull, 0x0dc315dd903fa9a1ull},  // recent_half_step_g4
-    {0x2d47495d7d787f8cull, 0xd50e91ffa8f87324ull, 0x2392e69e9db8bf0dull, 0x0faceda95054b8e9ull},  // snr_levels3
+    {0x16247a6ea3bd44efull, 0xfa8fcb5950a2bf4full, 0x924a8dec3246b6b3ull, 0xff32c3f2869a79acull},  // default_odd_tokens
+    {0x96b492d6ab72ee5eull, 0x8e8d09ccf039e437ull, 0xb2fdae7a05212f64ull, 0x09b06dc81447947dull},  // production_head_256
+    {0x9327d34c6bd034c1ull, 0x0a531b4f4f41d6c5ull, 0x701a7c093aca6be1ull, 0x3b57b80b8d1158a0ull},  // rotate_bits3_levels2
+    {0xf72db50eb022aed8ull, 0x6778a4a65e31226cull, 0xa2bcd7b722595ad0ull, 0x1c44309eeac6be86ull},  // recent_exact
+    {0x36cb8dcaf59a8370ull, 0x028b4a6f623699c8ull, 0xc13f406f8fc9c804ull, 0x8297046360ad2553ull},  // recent_half_step_g4
+    {0x60593af97c958c57ull, 0x96bd0dd768d700e9ull, 0x2392e69e9db8bf0dull, 0x0faceda95054b8e9ull},  // snr_levels3
     {0x4d6de412d14f4fdfull, 0xb4d6187567fe0c40ull, 0xf85b651e94c05c71ull, 0xf591c4d5f43391a8ull},  // max_error_no_delta
-    {0xe5ef45fd02ed3f5cull, 0xb8bb44758843c012ull, 0xfddd6bed0102fd9eull, 0x2c2c2aa964ea0b80ull},  // high_rate_escapes
+    {0xaf9db4206ed827c1ull, 0x753325b8fb68a36dull, 0x44a663031fa5e38cull, 0x2c2c2aa964ea0b80ull},  // high_rate_escapes
     {0x1b86ec0338a52f21ull, 0xe806628674dc4573ull, 0xbfc9212a284ea66aull, 0x4a2cb26c8e5b8534ull},  // one_token_chunks
     {0xc0b583c1d40b88a2ull, 0x9aa61e6b50193e38ull, 0xa00dc2a900a8a276ull, 0x2d22ced00a30c3ddull},  // cachegen_ref
 };

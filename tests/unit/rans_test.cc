@@ -143,8 +143,31 @@ TEST(Rans, EstimateMatchesActual) {
       const double actual = static_cast<double>(Encode(v, lanes).size());
       const double est = static_cast<double>(EstimateStreamBytes(Histogram(v), {lanes}));
       EXPECT_NEAR(est, actual, 3.0 * lanes + 4 + 0.002 * actual) << "n=" << v.size() << " lanes=" << lanes;
+      // From the symbols (exact varint lengths of large values, same plan).
+      EXPECT_EQ(EstimateStreamBytes(v, 1.0, {lanes}), EstimateStreamBytes(Histogram(v), {lanes})) << "n=" << v.size();
     }
   }
+}
+
+// A sample's estimate scaled up stands for the whole stream: a 1-in-4
+// sample of an i.i.d. stream, scaled by 4, lands near the full estimate
+// (table and flush bytes counted once).
+TEST(Rans, ScaledSampleEstimate) {
+  const std::vector<uint32_t> v = Geometric(1 << 16, 0.3, 11);
+  std::vector<uint32_t> sample;
+  for (size_t i = 0; i < v.size(); i += 4) sample.push_back(v[i]);
+  const double full = static_cast<double>(EstimateStreamBytes(v, 1.0));
+  EXPECT_NEAR(static_cast<double>(EstimateStreamBytes(sample, 4.0)), full, 0.01 * full);
+  FreqTable t = MakeFreqTable(Histogram(v));
+  const double with_table = static_cast<double>(EstimateStreamBytesWithTable(Histogram(v), t));
+  EXPECT_EQ(static_cast<double>(EstimateStreamBytesWithTable(v, t, 1.0)), with_table);
+  EXPECT_NEAR(static_cast<double>(EstimateStreamBytesWithTable(sample, t, 4.0)), with_table, 0.01 * with_table);
+}
+
+TEST(Rans, CountSymbolsClampsToLastBin) {
+  std::vector<uint64_t> h(4, 0);
+  CountSymbols(std::vector<uint32_t>{0, 1, 1, 3, 4, 1000, 2, 2, 2}, h);
+  EXPECT_EQ(h, (std::vector<uint64_t>{1, 2, 3, 3}));
 }
 
 // Every flipped byte and every truncation of a small stream must decode

@@ -39,6 +39,10 @@ constexpr double kLevelSnrStepDb = 6.0;
 // section-table entry per section (docs/FORMAT.md, "Frames and containers").
 constexpr double kFrameFixedBytes = 64;
 constexpr double kFrameBytesPerSection = 24;
+// Rate control stops when the sampled estimate is within this fraction of
+// its target, and when the full data's exact size is within this one.
+constexpr double kSampledTolerance = 0.002;
+constexpr double kFullTolerance = 0.003;
 
 struct Params {
   bool rotate = false;
@@ -212,15 +216,27 @@ class CacheGenCodec final : public Codec {
     const uint32_t levels = cfg.level_bits.empty() ? std::clamp(cfg.levels, 1u, 8u)
                                                    : static_cast<uint32_t>(cfg.level_bits.size());
     std::vector<EncodedLevel> out(levels);
+    // Each level's sections are quantized once on the full data (rate control
+    // keeps that quantization and it is what gets coded). The symbol buffers
+    // are kept in the chunk's scratch for the encoder's next chunk.
+    Scratch local;
+    Scratch* scratch = &local;
+    if (chunk.scratch) {
+      if (!dynamic_cast<Scratch*>(chunk.scratch->get())) *chunk.scratch = std::make_unique<Scratch>();
+      scratch = static_cast<Scratch*>(chunk.scratch->get());
+    }
+    std::vector<QuantizedSection>& q = scratch->q;
+    std::vector<QuantizedSection>& spare = scratch->spare;
+    q.resize(n_sections);
+    spare.resize(n_sections);
+    RateMemo memo;
     for (uint32_t lv = 0; lv < levels; ++lv) {
-      std::vector<float> steps(n_sections);
-      std::vector<uint8_t> deltas(n_sections);
-      CG_RETURN_IF_ERROR(ChooseSteps(analyses, s, cfg, lv, &steps, &deltas));
+      CG_RETURN_IF_ERROR(ChooseSteps(analyses, s, cfg, lv, &memo, &q, &spare));
       out[lv].params = WriteParams(p);
       out[lv].sections.resize(n_sections);
       CG_RETURN_IF_ERROR(ParallelFor(n_sections, cfg.threads, [&](uint64_t i) {
         EncodedSection& es = out[lv].sections[i];
-        analyses[i]->Encode(steps[i], deltas[i], &es.bytes, &es.side_bytes);
+        analyses[i]->Encode(q[i], &es.bytes, &es.side_bytes);
         return Status::Ok();
       }));
     }
@@ -252,30 +268,52 @@ class CacheGenCodec final : public Codec {
   }
 
   using Analyses = std::vector<std::optional<SectionAnalysis>>;
+  struct Scratch final : EncodeScratch {
+    std::vector<QuantizedSection> q, spare;
+  };
 
+  // What the bits-mode rate control of one chunk carries from level to level:
+  // the delta choices (made at the unit step, so the same for every level),
+  // the sampled size estimates it evaluated (log2 step, bits per value) and
+  // the ratio of the sampled estimate to the full-data size last seen.
+  struct RateMemo {
+    std::vector<uint8_t> deltas;
+    std::vector<std::pair<double, double>> sampled;
+    double bias = 1;
+  };
+
+  // Fills q with the level's full-data quantization of every section; spare
+  // is scratch of the same size.
   static Status ChooseSteps(const Analyses& a, const KVShape& s, const CodecConfig& cfg, uint32_t level,
-                            std::vector<float>* steps, std::vector<uint8_t>* deltas) {
+                            RateMemo* memo, std::vector<QuantizedSection>* q, std::vector<QuantizedSection>* spare) {
     const uint32_t n = static_cast<uint32_t>(a.size());
+    std::vector<float> steps(n);
+    std::vector<uint8_t> deltas(n);
     if (cfg.max_rel_error > 0) {
       // Uniform quantization error is at most half a step.
       const float step = static_cast<float>(2 * cfg.max_rel_error * std::exp2(double(level)));
-      for (uint32_t i = 0; i < n; ++i) (*steps)[i] = step;
-      return ParallelFor(n, cfg.threads, [&](uint64_t i) {
-        (*deltas)[i] = a[i]->PreferDelta((*steps)[i]);
+      for (uint32_t i = 0; i < n; ++i) steps[i] = step;
+      CG_RETURN_IF_ERROR(ParallelFor(n, cfg.threads, [&](uint64_t i) {
+        deltas[i] = a[i]->PreferDelta(steps[i]);
         return Status::Ok();
-      });
-    }
-    if (cfg.snr_db > 0) {
+      }));
+    } else if (cfg.snr_db > 0) {
       const double snr = cfg.snr_db - kLevelSnrStepDb * level;
-      return ParallelFor(n, cfg.threads, [&](uint64_t i) {
-        (*steps)[i] = StepForSnr(*a[i], snr, &(*deltas)[i]);
+      CG_RETURN_IF_ERROR(ParallelFor(n, cfg.threads, [&](uint64_t i) {
+        steps[i] = StepForSnr(*a[i], snr, &deltas[i]);
         return Status::Ok();
-      });
+      }));
+    } else {
+      const double target = cfg.level_bits.empty()
+                                ? (cfg.bits_per_value > 0 ? cfg.bits_per_value : kDefaultBitsPerValue) *
+                                      std::pow(kLevelBitsRatio, level)
+                                : cfg.level_bits[level];
+      return StepsForBits(a, s, cfg, target, memo, q, spare);
     }
-    const double target = cfg.level_bits.empty()
-                              ? (cfg.bits_per_value > 0 ? cfg.bits_per_value : kDefaultBitsPerValue) * std::pow(kLevelBitsRatio, level)
-                              : cfg.level_bits[level];
-    return StepsForBits(a, s, cfg, target, steps, deltas);
+    return ParallelFor(n, cfg.threads, [&](uint64_t i) {
+      a[i]->QuantizeStreams(steps[i], deltas[i], 1, &(*q)[i]);
+      return Status::Ok();
+    });
   }
 
   // Per-section step whose measured reconstruction SNR is close to `snr_db`
@@ -293,10 +331,12 @@ class CacheGenCodec final : public Codec {
     return static_cast<float>(step);
   }
 
-  // One global step multiplier (times the layer factor) found by secant search
-  // on log2(step) against sampled size estimates of all sections.
+  // One global step multiplier (times the layer factor): a secant search on
+  // log2(step) against sampled size estimates of all sections, then the
+  // full data quantized at the point found; when its exact size misses the
+  // target, at most two corrections on the full data (the best point is kept).
   static Status StepsForBits(const Analyses& a, const KVShape& s, const CodecConfig& cfg, double target_bits,
-                             std::vector<float>* steps, std::vector<uint8_t>* deltas) {
+                             RateMemo* memo, std::vector<QuantizedSection>* q, std::vector<QuantizedSection>* spare) {
     const uint32_t n = static_cast<uint32_t>(a.size());
     const double values = double(s.values());
     const double frame_bytes = kFrameFixedBytes + kFrameBytesPerSection * n;
@@ -305,64 +345,93 @@ class CacheGenCodec final : public Codec {
     // plenty for the histograms, and it keeps the search cheap.
     constexpr uint32_t kSampledGroups = 8;
     const uint32_t groups = std::max(1u, s.tokens / std::max(1u, a[0]->layout().group_tokens));
-    uint32_t sample_every = std::max(1u, groups / kSampledGroups);
+    const uint32_t sample_every = std::max(1u, groups / kSampledGroups);
     // Section i is layer i / 2, K when i is even.
     const float key_scale = static_cast<float>(cfg.key_step_scale);
     auto factor = [&](uint32_t i) {
       return LayerFactor(i / 2, s.layers, cfg.layer_slope) * (i % 2 == 0 ? key_scale : 1.0f);
     };
-
-    CG_RETURN_IF_ERROR(ParallelFor(n, cfg.threads, [&](uint64_t i) {
-      (*deltas)[i] = a[i]->PreferDelta(factor(uint32_t(i)), sample_every);
-      return Status::Ok();
-    }));
-    std::vector<double> bytes(n);
-    auto bits_at = [&](double log_step) -> Result<double> {
+    auto step_at = [&](double log_step, uint32_t i) { return static_cast<float>(std::exp2(log_step)) * factor(i); };
+    if (memo->deltas.empty()) {
+      memo->deltas.resize(n);
       CG_RETURN_IF_ERROR(ParallelFor(n, cfg.threads, [&](uint64_t i) {
-        const float step = static_cast<float>(std::exp2(log_step)) * factor(uint32_t(i));
-        bytes[i] = a[i]->EstimateBytes(step, (*deltas)[i], sample_every);
+        memo->deltas[i] = a[i]->PreferDelta(factor(uint32_t(i)), sample_every);
+        return Status::Ok();
+      }));
+    }
+    const std::vector<uint8_t>& deltas = memo->deltas;
+    // Bits per value of the sections quantized into qs at log_step.
+    auto bits_at = [&](double log_step, uint32_t every, std::vector<QuantizedSection>* qs) -> Result<double> {
+      CG_RETURN_IF_ERROR(ParallelFor(n, cfg.threads, [&](uint64_t i) {
+        a[i]->QuantizeStreams(step_at(log_step, uint32_t(i)), deltas[i], every, &(*qs)[i]);
         return Status::Ok();
       }));
       double total = frame_bytes;
-      for (double b : bytes) total += b;
+      for (const QuantizedSection& x : *qs) total += x.bytes;
       return total * 8 / values;
     };
-    // Bits fall by about one per doubling of the step: start from that slope.
-    double x0 = 0;
-    CG_ASSIGN_OR_RETURN(double f0, bits_at(x0));
-    f0 -= target_bits;
-    double x1 = std::clamp(x0 + f0, -20.0, 20.0);
-    for (int iter = 0; iter < 10 && std::abs(f0) > 0.01 * target_bits; ++iter) {
-      CG_ASSIGN_OR_RETURN(double f1, bits_at(x1));
-      f1 -= target_bits;
+
+    // Sampled search, aimed at the target times the sampled estimate's bias
+    // seen so far; it starts from the two nearest points evaluated for an
+    // earlier level, else from the unit step and a slope of -1.
+    const double sampled_target = target_bits * memo->bias;
+    auto sampled_at = [&](double x) -> Result<double> {
+      CG_ASSIGN_OR_RETURN(const double b, bits_at(x, sample_every, spare));
+      memo->sampled.emplace_back(x, b);
+      return b - sampled_target;
+    };
+    double x0 = 0, x1 = 0, f0 = 0;
+    if (memo->sampled.size() >= 2) {
+      std::vector<std::pair<double, double>> near = memo->sampled;
+      std::sort(near.begin(), near.end(), [&](const auto& l, const auto& r) {
+        return std::abs(l.second - sampled_target) < std::abs(r.second - sampled_target);
+      });
+      x0 = near[1].first;
+      f0 = near[1].second - sampled_target;
+      x1 = near[0].first;
+      if (std::abs(near[0].second - near[1].second) > 1e-9 && x0 != x1) {
+        const double slope = (near[0].second - near[1].second) / (x1 - x0);
+        if (slope < -0.05) x1 -= (near[0].second - sampled_target) / slope;
+      }
+    } else {
+      CG_ASSIGN_OR_RETURN(f0, sampled_at(x0));
+      x1 = x0 + f0;  // bits fall by about one per doubling of the step
+    }
+    x1 = std::clamp(x1, -20.0, 20.0);
+    double slope = -1;  // d bits / d log2 step, last secant
+    for (int iter = 0; iter < 10; ++iter) {
+      CG_ASSIGN_OR_RETURN(const double f1, sampled_at(x1));
       double next = x1 + f1;  // fallback slope -1
-      if (std::abs(f1 - f0) > 1e-9) {
-        const double slope = (f1 - f0) / (x1 - x0);
-        if (slope < -0.05) next = x1 - f1 / slope;
+      if (std::abs(f1 - f0) > 1e-9 && x1 != x0) {
+        const double sl = (f1 - f0) / (x1 - x0);
+        if (sl < -0.05) {
+          slope = sl;
+          next = x1 - f1 / sl;
+        }
       }
       x0 = x1;
       f0 = f1;
-      x1 = std::clamp(next, x0 - 4, x0 + 4);
-      x1 = std::clamp(x1, -20.0, 20.0);
+      if (std::abs(f0) <= kSampledTolerance * target_bits) break;
+      x1 = std::clamp(std::clamp(next, x0 - 4, x0 + 4), -20.0, 20.0);
     }
-    // Sampling biases the estimate (tables are counted per sample); a few
-    // secant steps on the full data remove it. Keep the best point seen.
-    sample_every = 1;
-    CG_ASSIGN_OR_RETURN(double fa, bits_at(x0));
-    fa -= target_bits;
-    double xa = x0, best_x = x0, best_f = fa;
-    double xb = std::clamp(xa + fa, -20.0, 20.0);
-    for (int iter = 0; iter < 3 && std::abs(best_f) > 0.01 * target_bits; ++iter) {
-      CG_ASSIGN_OR_RETURN(double fb, bits_at(xb));
+    const double sampled_bits = f0 + sampled_target;
+
+    // The full data at x0, then corrections along the sampled slope and by
+    // secant; q keeps the best point.
+    CG_ASSIGN_OR_RETURN(const double full0, bits_at(x0, 1, q));
+    memo->bias = sampled_bits / full0;
+    double xa = x0, fa = full0 - target_bits, best = fa;
+    for (int iter = 0; iter < 2 && std::abs(best) > kFullTolerance * target_bits; ++iter) {
+      const double xb = std::clamp(xa - fa / slope, std::max(-20.0, xa - 4), std::min(20.0, xa + 4));
+      CG_ASSIGN_OR_RETURN(double fb, bits_at(xb, 1, spare));
       fb -= target_bits;
-      if (std::abs(fb) < std::abs(best_f)) best_x = xb, best_f = fb;
-      double next = xb + fb;
-      if (std::abs(fb - fa) > 1e-9 && (fb - fa) / (xb - xa) < -0.05) next = xb - fb * (xb - xa) / (fb - fa);
+      if (std::abs(fb) < std::abs(best)) {
+        best = fb;
+        q->swap(*spare);
+      }
+      if (std::abs(fb - fa) > 1e-9 && (fb - fa) / (xb - xa) < -0.05) slope = (fb - fa) / (xb - xa);
       xa = xb, fa = fb;
-      xb = std::clamp(std::clamp(next, xa - 4, xa + 4), -20.0, 20.0);
     }
-    x0 = best_x;
-    for (uint32_t i = 0; i < n; ++i) (*steps)[i] = static_cast<float>(std::exp2(x0)) * factor(i);
     return Status::Ok();
   }
 };

@@ -31,8 +31,6 @@ constexpr float kSigmaCodeSteps = 8.0f;
 constexpr float kMeanUnitsPerSigma = 4.0f;
 // Quantized values are kept within +-2^30 so symbols fit 32 bits.
 constexpr double kMaxAbsSymbol = double(1 << 30);
-// Histogram bins used for size estimates; larger values share the last bin.
-constexpr size_t kEstimateBins = 1024;
 
 inline float SigmaFromCode(uint8_t code) { return std::exp2((int(code) - kSigmaCodeBias) / kSigmaCodeSteps); }
 
@@ -265,23 +263,100 @@ Codebook SectionAnalysis::Learn(float step, bool use_delta, uint32_t sample_ever
   return cb;
 }
 
-SectionAnalysis::SectionAnalysis(const SectionLayout& layout, std::span<const float> rows) : layout_(layout) {
-  const uint32_t C = layout.channels(), D = layout.head_dim, T = layout.tokens, tq = layout.quantized_tokens();
-  y_.assign(rows.begin(), rows.begin() + size_t{tq} * C);
-  exact_.assign(rows.begin() + size_t{tq} * C, rows.begin() + size_t{T} * C);
-  for (float v : rows) signal_power_ += double(v) * v;
-  signal_power_ /= std::max<size_t>(1, rows.size());
-  if (layout.rotate)
-    for (uint32_t t = 0; t < tq; ++t)
-      for (uint32_t h = 0; h < layout.kv_heads; ++h) HadamardInPlace(&y_[size_t{t} * C + size_t{h} * D], D);
+namespace {
 
-  std::vector<double> sum(C, 0), sum_sq(C, 0);
-  for (uint32_t t = 0; t < tq; ++t)
+// Adds each channel's sum and sum of squares over `tokens` rows of C floats,
+// in double (means can be large against the spread). Compiled twice; the
+// AVX2 clone is chosen at run time.
+template <int kVariant>
+__attribute__((always_inline)) inline void ChannelSumsImpl(const float* y, uint32_t tokens, uint32_t C, double* sum,
+                                                           double* sum_sq) {
+  for (uint32_t t = 0; t < tokens; ++t) {
+    const float* row = y + size_t{t} * C;
     for (uint32_t c = 0; c < C; ++c) {
-      const double v = y_[size_t{t} * C + c];
+      const double v = row[c];
       sum[c] += v;
       sum_sq[c] += v * v;
     }
+  }
+}
+void ChannelSumsScalar(const float* y, uint32_t tokens, uint32_t C, double* sum, double* sum_sq) {
+  ChannelSumsImpl<0>(y, tokens, C, sum, sum_sq);
+}
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) void ChannelSumsAvx2(const float* y, uint32_t tokens, uint32_t C, double* sum,
+                                                     double* sum_sq) {
+  ChannelSumsImpl<1>(y, tokens, C, sum, sum_sq);
+}
+#endif
+void ChannelSums(const float* y, uint32_t tokens, uint32_t C, double* sum, double* sum_sq) {
+#if defined(__x86_64__)
+  if (simd::Avx2()) return ChannelSumsAvx2(y, tokens, C, sum, sum_sq);
+#endif
+  ChannelSumsScalar(y, tokens, C, sum, sum_sq);
+}
+
+// One row through the uniform quantizer: sym[c] = ZigZag(QuantizeValue(row[c]
+// - pred[c], inv[c])) and, when out is set, the reconstruction out[c] =
+// pred[c] + q * st[c] (a multiply, then an add). out may not alias the inputs.
+void QuantizeRowScalar(const float* row, const float* pred, const float* st, const float* inv, uint32_t n,
+                       uint32_t* sym, float* out) {
+  for (uint32_t c = 0; c < n; ++c) {
+    const int32_t q = QuantizeValue(row[c] - pred[c], inv[c]);
+    sym[c] = ZigZag(q);
+    if (out) out[c] = pred[c] + static_cast<float>(q) * st[c];
+  }
+}
+#if defined(__x86_64__)
+// The same 8 values at a time, bit for bit: the clamp as QuantizeValue's
+// std::min/std::max (maxps/minps with the bound first keep their NaN rule),
+// copysign as a sign-bit or, truncating conversion.
+__attribute__((target("avx2"))) void QuantizeRowAvx2(const float* row, const float* pred, const float* st,
+                                                     const float* inv, uint32_t n, uint32_t* sym, float* out) {
+  const __m256 hi = _mm256_set1_ps(float(kMaxAbsSymbol)), lo = _mm256_set1_ps(-float(kMaxAbsSymbol));
+  const __m256 sign = _mm256_set1_ps(-0.0f), half = _mm256_set1_ps(0.5f);
+  uint32_t c = 0;
+  for (; c + 8 <= n; c += 8) {
+    const __m256 p = _mm256_loadu_ps(pred + c);
+    const __m256 r = _mm256_sub_ps(_mm256_loadu_ps(row + c), p);
+    const __m256 v = _mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_mul_ps(r, _mm256_loadu_ps(inv + c))));
+    const __m256i q = _mm256_cvttps_epi32(_mm256_add_ps(v, _mm256_or_ps(_mm256_and_ps(v, sign), half)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(sym + c),
+                        _mm256_xor_si256(_mm256_slli_epi32(q, 1), _mm256_srai_epi32(q, 31)));
+    if (out) _mm256_storeu_ps(out + c, _mm256_add_ps(p, _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_loadu_ps(st + c))));
+  }
+  QuantizeRowScalar(row + c, pred + c, st + c, inv + c, n - c, sym + c, out ? out + c : nullptr);
+}
+#endif
+void QuantizeRow(const float* row, const float* pred, const float* st, const float* inv, uint32_t n, uint32_t* sym,
+                 float* out) {
+#if defined(__x86_64__)
+  if (simd::Avx2()) return QuantizeRowAvx2(row, pred, st, inv, n, sym, out);
+#endif
+  QuantizeRowScalar(row, pred, st, inv, n, sym, out);
+}
+
+}  // namespace
+
+SectionAnalysis::SectionAnalysis(const SectionLayout& layout, std::span<const float> rows) : layout_(layout) {
+  const uint32_t C = layout.channels(), D = layout.head_dim, T = layout.tokens, tq = layout.quantized_tokens();
+  // Unrotated rows are read where they are (the caller keeps them alive).
+  rows_ = rows.first(size_t{tq} * C);
+  exact_.assign(rows.begin() + size_t{tq} * C, rows.begin() + size_t{T} * C);
+  if (layout.rotate) {
+    y_.assign(rows_.begin(), rows_.end());
+    for (uint32_t t = 0; t < tq; ++t)
+      for (uint32_t h = 0; h < layout.kv_heads; ++h) HadamardInPlace(&y_[size_t{t} * C + size_t{h} * D], D);
+    rows_ = y_;
+  }
+
+  std::vector<double> sum(C, 0), sum_sq(C, 0);
+  ChannelSums(rows_.data(), tq, C, sum.data(), sum_sq.data());
+  // The rotation is orthonormal: the rotated rows' power is the original's
+  // (up to rounding).
+  for (double v : sum_sq) signal_power_ += v;
+  for (float v : exact_) signal_power_ += double(v) * v;
+  signal_power_ /= std::max<size_t>(1, rows.size());
   sigma_code_.resize(C);
   mean_code_.resize(C);
   sigma_.resize(C);
@@ -335,7 +410,7 @@ void SectionAnalysis::Quantize(float step, bool use_delta, uint32_t sample_every
         }
         st_for = ts;
       }
-      const float* row = &y_[size_t{t} * C];
+      const float* row = &rows_[size_t{t} * C];
       const bool is_delta = t != g0;
       const float* pred = is_delta ? anchor.data() : mean_.data();
       // An anchor's reconstruction is the prediction of its group's deltas.
@@ -345,10 +420,7 @@ void SectionAnalysis::Quantize(float step, bool use_delta, uint32_t sample_every
         QuantizeRowLloyd(*cb, row, pred, st.data(), inv.data(), is_delta, q.data(), out, stats);
         for (uint32_t c = 0; c < C; ++c) sym[c] = ZigZag(q[c]);
       } else {
-        for (uint32_t c = 0; c < C; ++c) q[c] = QuantizeValue(row[c] - pred[c], inv[c]);
-        for (uint32_t c = 0; c < C; ++c) sym[c] = ZigZag(q[c]);
-        if (out)
-          for (uint32_t c = 0; c < C; ++c) out[c] = pred[c] + static_cast<float>(q[c]) * st[c];
+        QuantizeRow(row, pred, st.data(), inv.data(), C, sym.data(), out);
       }
       visit(is_delta, sym.data(), row, kNeedRec ? out : nullptr);
     }
@@ -356,25 +428,76 @@ void SectionAnalysis::Quantize(float step, bool use_delta, uint32_t sample_every
 }
 
 double SectionAnalysis::EstimateBytes(float step, bool use_delta, uint32_t sample_every) const {
-  const uint32_t H = layout_.kv_heads;
-  std::vector<uint64_t> hist;
-  const Codebook cb = Learn(step, use_delta, sample_every);
-  HistogramsWith(cb, step, use_delta, kEstimateBins, &hist, sample_every);
-  double stream_bytes = 0;
-  const int g = layout_.profile ? layout_.profile->GridIndex(step) : -1;
-  for (uint32_t s = 0; s < H * 2; ++s) {
-    std::span<const uint64_t> hs(&hist[size_t{s} * kEstimateBins], kEstimateBins);
-    if ((s & 1) && !use_delta) continue;
-    stream_bytes += static_cast<double>(
-        g >= 0 ? rans::EstimateStreamBytesWithTable(hs, layout_.profile->Table(layout_.section, g, s / 2, s & 1))
-               : rans::EstimateStreamBytes(hs));
+  QuantizedSection q;
+  QuantizeStreams(step, use_delta, sample_every, &q);
+  return q.bytes;
+}
+
+double SectionAnalysis::FillStreams(float step, bool use_delta, uint32_t sample_every, QuantizedSection* q) const {
+  const SectionLayout& l = layout_;
+  const uint32_t H = l.kv_heads, D = l.head_dim, tq = l.quantized_tokens();
+  const uint32_t G = use_delta ? l.group_tokens : 1;
+  sample_every = std::max(1u, sample_every);
+  q->step = step;
+  q->use_delta = use_delta;
+  q->sample_every = sample_every;
+  q->cb = Learn(step, use_delta, sample_every);
+  q->counts.clear();  // stale once the symbols change
+  // Rows of each stream kind in the sampled groups (Quantize's order).
+  size_t rows[2] = {0, 0};
+  uint32_t groups = 0, sampled = 0;
+  for (uint32_t g0 = 0; g0 < tq; g0 += G, ++groups) {
+    if (groups % sample_every != 0) continue;
+    ++sampled;
+    ++rows[0];
+    rows[1] += std::min(G, tq - g0) - 1;
   }
-  if (g >= 0) stream_bytes += 1;  // the grid point byte
-  const uint32_t groups = use_delta ? (layout_.quantized_tokens() + layout_.group_tokens - 1) / layout_.group_tokens
-                                    : layout_.quantized_tokens();
-  const uint32_t sampled = sample_every > 1 ? (groups + sample_every - 1) / sample_every : groups;
-  if (sampled > 0) stream_bytes *= double(groups) / sampled;
-  return stream_bytes + side_info_bytes_ + cb.bytes(layout_.channels()) + exact_.size() * 2.0;
+  q->begin.resize(size_t{2} * H + 1);
+  size_t off = 0;
+  for (uint32_t s = 0; s < 2 * H; ++s) {
+    q->begin[s] = off;
+    off += rows[s & 1] * D;
+  }
+  q->begin[2 * H] = off;
+  if (q->capacity < off) {
+    q->symbols.reset(new uint32_t[off]);  // not value-initialised: every symbol is written
+    q->capacity = off;
+  }
+  size_t next[2] = {0, 0};
+  Quantize<false>(
+      step, use_delta, sample_every,
+      [&](bool is_delta, const uint32_t* sym, const float*, const float*) {
+        const size_t r = next[is_delta]++;
+        for (uint32_t h = 0; h < H; ++h)
+          std::memcpy(q->symbols.get() + q->begin[2 * h + is_delta] + r * D, sym + size_t{h} * D, D * sizeof(uint32_t));
+      },
+      &q->cb);
+  return sampled ? double(groups) / sampled : 1.0;
+}
+
+void SectionAnalysis::QuantizeStreams(float step, bool use_delta, uint32_t sample_every, QuantizedSection* q) const {
+  const double scale = FillStreams(step, use_delta, sample_every, q);
+  const uint32_t H = layout_.kv_heads;
+  const int g = layout_.profile ? layout_.profile->GridIndex(step) : -1;
+  // A sample's counts are scaled up to the whole section before the estimate,
+  // so per-stream costs (tables, flush bytes) are counted once, not scaled.
+  // The counts are kept for Encode.
+  double stream_bytes = g >= 0 ? 1 : 0;  // the grid point byte
+  q->counts.resize(g >= 0 ? 0 : size_t{H} * 2);
+  for (uint32_t s = 0; s < H * 2; ++s) {
+    if ((s & 1) && !use_delta) continue;
+    const std::span<const uint32_t> sym(q->symbols.get() + q->begin[s], q->begin[s + 1] - q->begin[s]);
+    if (g >= 0) {
+      stream_bytes += static_cast<double>(
+          rans::EstimateStreamBytesWithTable(sym, layout_.profile->Table(layout_.section, g, s / 2, s & 1), scale));
+      continue;
+    }
+    rans::SymbolCounts& counts = q->counts[s];
+    counts.fill(0);
+    rans::CountSymbols(sym, counts);
+    stream_bytes += static_cast<double>(rans::EstimateStreamBytes(sym, counts, scale));
+  }
+  q->bytes = stream_bytes + side_info_bytes_ + q->cb.bytes(layout_.channels()) + exact_.size() * 2.0;
 }
 
 bool SectionAnalysis::PreferDelta(float step, uint32_t sample_every) const {
@@ -403,25 +526,17 @@ double SectionAnalysis::MeasureMse(float step, bool use_delta) const {
 }
 
 void SectionAnalysis::Encode(float step, bool use_delta, std::vector<uint8_t>* out, uint32_t* side_bytes) const {
-  const uint32_t H = layout_.kv_heads, C = layout_.channels();
-  const StreamCounts counts = CountStreams(layout_, use_delta);
-  std::vector<std::vector<uint32_t>> streams(size_t{H} * 2);
-  for (uint32_t h = 0; h < H; ++h) {
-    streams[2 * h].reserve(size_t{counts.anchors} * layout_.head_dim);
-    streams[2 * h + 1].reserve(size_t{counts.deltas} * layout_.head_dim);
-  }
-  const uint32_t D = layout_.head_dim;
-  const Codebook cb = Learn(step, use_delta, 1);
-  Quantize<false>(
-      step, use_delta, 1,
-      [&](bool is_delta, const uint32_t* sym, const float*, const float*) {
-        for (uint32_t h = 0; h < H; ++h) {
-          std::vector<uint32_t>& stream = streams[2 * h + is_delta];
-          stream.insert(stream.end(), sym + size_t{h} * D, sym + size_t{h + 1} * D);
-        }
-      },
-      &cb);
+  QuantizedSection q;
+  FillStreams(step, use_delta, 1, &q);
+  Encode(q, out, side_bytes);
+}
 
+void SectionAnalysis::Encode(const QuantizedSection& q, std::vector<uint8_t>* out, uint32_t* side_bytes) const {
+  const uint32_t H = layout_.kv_heads, C = layout_.channels();
+  const float step = q.step;
+  const bool use_delta = q.use_delta;
+  const Codebook& cb = q.cb;
+  out->reserve(out->size() + static_cast<size_t>(q.bytes * 1.01) + 64);
   ByteWriter w(out);
   const size_t start = w.size();
   const internal::ProfileData* prof = layout_.profile;
@@ -441,9 +556,10 @@ void SectionAnalysis::Encode(float step, bool use_delta, std::vector<uint8_t>* o
   }
   *side_bytes = static_cast<uint32_t>(w.size() - start);
   auto stream = [&](uint32_t h, uint32_t kind) {
-    const auto& sym = streams[2 * h + kind];
-    return g >= 0 ? rans::EncodeStreamWithTable(sym, prof->Table(layout_.section, g, h, kind), w)
-                  : rans::EncodeStream(sym, w);
+    const size_t s = 2 * h + kind;
+    const std::span<const uint32_t> sym(q.symbols.get() + q.begin[s], q.begin[s + 1] - q.begin[s]);
+    if (g >= 0) return rans::EncodeStreamWithTable(sym, prof->Table(layout_.section, g, h, kind), w);
+    return q.counts.size() > s ? rans::EncodeStream(sym, q.counts[s], w) : rans::EncodeStream(sym, w);
   };
   for (uint32_t h = 0; h < H; ++h) {
     *side_bytes += static_cast<uint32_t>(stream(h, 0));
@@ -454,22 +570,12 @@ void SectionAnalysis::Encode(float step, bool use_delta, std::vector<uint8_t>* o
 
 void SectionAnalysis::Histograms(float step, bool use_delta, size_t bins, std::vector<uint64_t>* hist,
                                  uint32_t sample_every) const {
-  HistogramsWith(Learn(step, use_delta, sample_every), step, use_delta, bins, hist, sample_every);
-}
-
-void SectionAnalysis::HistogramsWith(const Codebook& cb, float step, bool use_delta, size_t bins,
-                                     std::vector<uint64_t>* hist, uint32_t sample_every) const {
-  const uint32_t H = layout_.kv_heads, D = layout_.head_dim;
-  hist->assign(size_t{H} * 2 * bins, 0);
-  Quantize<false>(
-      step, use_delta, sample_every,
-      [&](bool is_delta, const uint32_t* sym, const float*, const float*) {
-        for (uint32_t h = 0, c = 0; h < H; ++h) {
-          uint64_t* hh = &(*hist)[(size_t{h} * 2 + is_delta) * bins];
-          for (uint32_t d = 0; d < D; ++d, ++c) ++hh[std::min<size_t>(sym[c], bins - 1)];
-        }
-      },
-      &cb);
+  QuantizedSection q;
+  FillStreams(step, use_delta, sample_every, &q);
+  hist->assign(size_t{layout_.kv_heads} * 2 * bins, 0);
+  for (size_t s = 0; s + 1 < q.begin.size(); ++s)
+    rans::CountSymbols({q.symbols.get() + q.begin[s], q.begin[s + 1] - q.begin[s]},
+                       {hist->data() + s * bins, bins});
 }
 
 namespace {

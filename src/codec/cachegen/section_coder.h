@@ -11,12 +11,14 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
 #include "cachegen/codec.h"
 #include "cachegen/kv.h"
 #include "cachegen/status.h"
+#include "codec/rans.h"
 #include "common/bytes.h"
 
 namespace cachegen {
@@ -67,9 +69,28 @@ struct Codebook {
   void Levels(uint32_t group, uint32_t kind, float* y) const;
 };
 
+// One quantization of a section at (step, use_delta): its symbol streams in
+// payload order and the size they would take. Rate control keeps the
+// full-data one it settles on and Encode codes it, so the data is quantized
+// once for both.
+struct QuantizedSection {
+  float step = 0;
+  bool use_delta = false;
+  uint32_t sample_every = 1;  // > 1: one token group in that many (estimate only)
+  Codebook cb;                // learned codebook (empty unless lloyd)
+  // Streams back to back, stream s = 2 * head + (delta ? 1 : 0) in
+  // [begin[s], begin[s + 1]) (delta streams empty without deltas).
+  std::unique_ptr<uint32_t[]> symbols;
+  size_t capacity = 0;  // symbols allocated
+  std::vector<size_t> begin;
+  std::vector<rans::SymbolCounts> counts;  // per stream (uniform tables only)
+  double bytes = 0;  // estimated section bytes, scaled to all groups when sampled
+};
+
 // Analysis shared by every quality level: rotated rows and channel statistics.
 class SectionAnalysis {
  public:
+  // `rows` must outlive the analysis (unrotated rows are not copied).
   SectionAnalysis(const SectionLayout& layout, std::span<const float> rows);
   const SectionLayout& layout() const { return layout_; }
   // Sum of squares and count of the original values (for SNR targets).
@@ -86,8 +107,13 @@ class SectionAnalysis {
   // equals the original domain up to rounding since the rotation is orthonormal).
   double MeasureMse(float step, bool use_delta) const;
 
+  // Quantizes at `step` (one token group in `sample_every`) into q, reusing
+  // its buffers, and estimates the section's size.
+  void QuantizeStreams(float step, bool use_delta, uint32_t sample_every, QuantizedSection* q) const;
   // Writes the section payload; side_bytes receives the side-information share.
   void Encode(float step, bool use_delta, std::vector<uint8_t>* out, uint32_t* side_bytes) const;
+  // The same from a full-data quantization (q.sample_every == 1).
+  void Encode(const QuantizedSection& q, std::vector<uint8_t>* out, uint32_t* side_bytes) const;
 
   // Symbol counts per (head, anchor|delta stream) at `step`: hist[(h * 2 +
   // kind) * bins + min(symbol, bins - 1)], over one token group in
@@ -97,8 +123,8 @@ class SectionAnalysis {
 
  private:
   struct LloydStats;
-  void HistogramsWith(const Codebook& cb, float step, bool use_delta, size_t bins, std::vector<uint64_t>* hist,
-                      uint32_t sample_every) const;
+  // Quantizes into q's streams; returns the factor from the sampled groups to all.
+  double FillStreams(float step, bool use_delta, uint32_t sample_every, QuantizedSection* q) const;
   template <bool kNeedRec, typename Visit>
   void Quantize(float step, bool use_delta, uint32_t sample_every, Visit&& visit, const Codebook* cb = nullptr,
                 LloydStats* stats = nullptr) const;
@@ -110,7 +136,8 @@ class SectionAnalysis {
                         bool is_delta, int32_t* q, float* rec, LloydStats* stats) const;
 
   SectionLayout layout_;
-  std::vector<float> y_;        // rotated rows [tokens][channels]
+  std::span<const float> rows_;  // quantized rows [tokens][channels]: the caller's, or y_
+  std::vector<float> y_;         // rotated rows (with rotation)
   std::vector<float> exact_;    // original rows of the exact tail
   std::vector<uint8_t> sigma_code_;
   std::vector<int32_t> mean_code_;
