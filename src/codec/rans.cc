@@ -73,10 +73,20 @@ double XLog2X(uint64_t c) { return c == 0 ? 0.0 : static_cast<double>(c) * std::
 
 // Chooses E in [2, min(255, max(2, max_value + 1))] minimising entropy bits
 // of the direct+escape symbols plus the escape area plus (roughly) the table.
+// How many rows of Stats::win can hold counts: values reach kVarintStep[k]
+// only for k below this (the other rows, and their ge, are zero).
+int VarintRows(uint64_t max_value) {
+  int rows = 1;
+  while (rows < 5 && max_value >= kVarintStep[rows]) ++rows;
+  return rows;
+}
+
 uint32_t ChooseEscape(const Stats& s, std::array<std::array<uint64_t, 256>, 5>* ge_out) {
-  // ge[k][E] = count of values >= E + kVarintStep[k], for E in [0, 256).
+  // ge[k][E] = count of values >= E + kVarintStep[k], for E in [0, 256);
+  // rows that can only be zero are left unset.
   auto& ge = *ge_out;
-  for (int k = 0; k < 5; ++k) {
+  const int rows = VarintRows(s.max_value);
+  for (int k = 0; k < rows; ++k) {
     uint64_t acc = s.tail[k];
     for (int j = 255; j >= 0; --j) {
       acc += s.win[k][j];
@@ -94,15 +104,17 @@ uint32_t ChooseEscape(const Stats& s, std::array<std::array<uint64_t, 256>, 5>* 
   }
   uint32_t best = kMinEscape;
   double best_bits = 0;
+  double escape_term = XLog2X(ge[0][kMinEscape]);
   for (uint32_t e = kMinEscape; e <= hi; ++e) {
-    if (e > kMinEscape) {
+    // Both log terms change only where value e - 1 occurs.
+    if (e > kMinEscape && s.win[0][e - 1] != 0) {
       direct_sum += XLog2X(s.win[0][e - 1]);
       big_count += s.win[0][e - 1] >= big;
+      escape_term = XLog2X(ge[0][e]);
     }
     uint64_t esc_bytes = 0;
-    for (int k = 0; k < 5; ++k) esc_bytes += ge[k][e];
-    const double bits = nlogn - direct_sum - XLog2X(ge[0][e]) +
-                        8.0 * static_cast<double>(esc_bytes + e + 1 + big_count);
+    for (int k = 0; k < rows; ++k) esc_bytes += ge[k][e];
+    const double bits = nlogn - direct_sum - escape_term + 8.0 * static_cast<double>(esc_bytes + e + 1 + big_count);
     if (e == kMinEscape || bits < best_bits) {
       best_bits = bits;
       best = e;
@@ -158,7 +170,7 @@ Plan MakePlan(const Stats& s, uint32_t lanes_opt) {
   const uint32_t e = p.escape;
   for (uint32_t v = 0; v < e; ++v) p.count[v] = s.win[0][v];
   p.count[e] = ge[0][e];
-  for (int k = 0; k < 5; ++k) p.escape_bytes += ge[k][e];
+  for (int k = 0; k < VarintRows(s.max_value); ++k) p.escape_bytes += ge[k][e];
   Normalize(p.count.data(), e + 1, s.n, p.freq.data());
   const uint32_t lanes = std::clamp<uint32_t>(lanes_opt, 1, kMaxLanes);
   p.lanes = static_cast<uint32_t>(std::min<uint64_t>(lanes, s.n));
@@ -436,6 +448,32 @@ __attribute__((target("avx2,bmi2,popcnt"))) size_t EncodeRounds8Avx2(const uint8
 }
 #endif
 
+#if defined(__x86_64__)
+// syms[i] = min(symbols[i], e) and the escape varints of values >= e in
+// order, 8 symbols at a time (escapes are rare: a mask test per 8). Returns
+// how many symbols it did (a multiple of 8).
+__attribute__((target("avx2"))) size_t ByteSymbolsAvx2(const uint32_t* symbols, size_t n, uint32_t e, uint8_t* syms,
+                                                       ByteWriter& esc) {
+  const __m256i ev = _mm256_set1_epi32(static_cast<int>(e));
+  const __m256i to_bytes = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,  //
+                                            0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(symbols + i));
+    const __m256i m = _mm256_min_epu32(v, ev);
+    const __m256i b = _mm256_shuffle_epi8(m, to_bytes);  // bytes 0-3 of each 128-bit half
+    const uint32_t lo = static_cast<uint32_t>(_mm256_cvtsi256_si32(b));
+    const uint32_t hi = static_cast<uint32_t>(_mm256_extract_epi32(b, 4));
+    std::memcpy(syms + i, &lo, 4);
+    std::memcpy(syms + i + 4, &hi, 4);
+    if (_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(m, ev))))
+      for (size_t j = i; j < i + 8; ++j)
+        if (symbols[j] >= e) esc.Varint(symbols[j] - e);
+  }
+  return i;
+}
+#endif
+
 // Writes the rANS body of n >= 1 symbols: mode 2 with its table inline, or
 // mode 3 whose table the decoder knows. Returns the header bytes (mode byte on).
 size_t WriteRans(std::span<const uint32_t> symbols, uint32_t e, const std::array<uint32_t, kMaxAlphabet>& freq,
@@ -444,13 +482,16 @@ size_t WriteRans(std::span<const uint32_t> symbols, uint32_t e, const std::array
   const size_t start = out.size();
   // Symbols (values >= E as the escape symbol) and the escape area (forward order).
   std::unique_ptr<uint8_t[]> syms(new uint8_t[n]);
-  for (size_t i = 0; i < n; ++i) syms[i] = static_cast<uint8_t>(std::min(symbols[i], e));
   std::vector<uint8_t> esc;
-  if (escape_bytes) {
-    esc.reserve(escape_bytes);
-    ByteWriter ew(&esc);
-    for (size_t i = 0; i < n; ++i)
-      if (symbols[i] >= e) ew.Varint(symbols[i] - e);
+  esc.reserve(escape_bytes);
+  ByteWriter ew(&esc);
+  size_t done = 0;
+#if defined(__x86_64__)
+  if (simd::Avx2()) done = ByteSymbolsAvx2(symbols.data(), n, e, syms.get(), ew);
+#endif
+  for (size_t i = done; i < n; ++i) {
+    syms[i] = static_cast<uint8_t>(std::min(symbols[i], e));
+    if (symbols[i] >= e) ew.Varint(symbols[i] - e);
   }
 
   std::array<EncSymbol, kMaxAlphabet> enc;
@@ -606,7 +647,8 @@ void ScaleStats(Stats* s, double scale) {
   s->n = 0;
   for (uint64_t& c : s->win[0]) s->n += (c = sc(c));
   for (uint64_t& c : s->tail) c = sc(c);
-  for (int k = 1; k < 5; ++k)
+  // win[k] counts values from kVarintStep[k] on: empty below max_value.
+  for (int k = 1; k < 5 && s->max_value >= kVarintStep[k]; ++k)
     for (uint64_t& c : s->win[k]) c = sc(c);
   s->n += s->tail[0];
 }
