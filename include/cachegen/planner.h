@@ -107,10 +107,12 @@ class LevelPlanner {
   // estimate (DecodeSeconds).
   void OnProcessed(double seconds, int level = -1);
   // Estimated decode time of chunk c at `level`: the smoothed time seen at
-  // that level; for a level not seen yet, the nearest seen level's (the
-  // decoder's work is per value, which every level has the same number of:
-  // measured, a coarse level decodes about as fast as a fine one); 0 before
-  // any chunk was processed.
+  // that level once it has been seen 3 times; for a level seen less, the
+  // nearest level seen 3 times, else the smoothed time of every level seen
+  // (the decoder's work is per value, which every level has the same number
+  // of: measured, a coarse level decodes about as fast as a fine one, and
+  // one fast sample on a loaded machine must not make it look faster); 0
+  // before any chunk was processed.
   double DecodeSeconds(uint32_t c, int level) const;
 
   // Estimated bandwidth in bytes/s; 0 while unknown.
@@ -158,7 +160,10 @@ class LevelPlanner {
   double tail_s_ = 0;
   bool have_tail_ = false;
   std::vector<double> decode_s_;     // per level, smoothed
-  std::vector<bool> decode_seen_;    // per level
+  std::vector<int> decode_seen_;     // samples per level
+  double decode_any_s_ = 0;          // smoothed over every level
+  int decode_samples_ = 0;
+  static constexpr int kTrustedSamples = 3;
   std::vector<double> level_total_;  // bytes of all chunks per level
 };
 
@@ -179,7 +184,7 @@ class RateEstimator {
     uint64_t long_bytes = 1u << 20;
     double long_s = 0.02;
     uint64_t short_bytes = 256u << 10;
-    double short_s = 0.005;
+    double short_s = 0.015;
     double drop_ratio = 0.5;
   };
   RateEstimator() : RateEstimator(Options()) {}
@@ -190,6 +195,13 @@ class RateEstimator {
   double rate() const { return rate_; }
   // Drops detected so far.
   int drops() const { return drops_; }
+  // Whether the estimate has outlived one more short window (short_s
+  // seconds) since its regime began (the first observation, or the start of
+  // the window that showed the newest drop), with at least short_bytes
+  // arrived: a dip that lasts less was a stall of the reading or sending
+  // threads more often than a change of the link. Costly reactions (abandoning
+  // requests) wait for it; the estimate itself follows at once.
+  bool settled() const;
 
  private:
   // Rate over the newest window of at least `bytes` and `seconds` (its first
@@ -197,6 +209,8 @@ class RateEstimator {
   double WindowRate(uint64_t bytes, double seconds, size_t* start) const;
   Options options_;
   std::deque<std::pair<double, uint64_t>> history_;  // (busy_s, total), oldest first
+  std::pair<double, uint64_t> regime_{0, 0};          // where the current estimate's regime began
+  bool have_regime_ = false;
   double rate_ = 0;
   int drops_ = 0;
 };

@@ -233,7 +233,7 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
   // Adaptive: abandon requests in flight that the deadline needs at a
   // coarser level, and request those chunks again.
   auto reissue = [&] {
-    if (!adaptive || flight.empty() || planner.bandwidth() <= 0) return;
+    if (!adaptive || flight.empty() || planner.bandwidth() <= 0 || !rate.settled()) return;
     const Plan plan = planner.Replan(next_issue, Seconds(t0, Clock::now()), in_flight(), pending_decode());
     for (size_t i = 0; i < plan.reissue.size(); ++i) {
       std::shared_ptr<Ticket>& t = flight[i];

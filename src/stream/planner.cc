@@ -13,7 +13,7 @@ LevelPlanner::LevelPlanner(std::vector<PlanChunk> chunks, PlannerOptions options
   options_.safety = std::clamp(options_.safety, 0.01, 1.0);
   options_.reserve = std::clamp(options_.reserve, 0.0, 0.5);
   decode_s_.assign(levels_, 0);
-  decode_seen_.assign(levels_, false);
+  decode_seen_.assign(levels_, 0);
   level_total_.assign(levels_, 0);
   for (uint32_t c = 0; c < chunks_.size(); ++c)
     for (int l = 0; l < levels_; ++l) level_total_[l] += static_cast<double>(Bytes(c, l));
@@ -38,20 +38,27 @@ void LevelPlanner::OnProcessed(double seconds, int level) {
   tail_s_ = ewma(tail_s_, have_tail_);
   have_tail_ = true;
   if (level >= 0 && level < levels_) {
-    decode_s_[level] = ewma(decode_s_[level], decode_seen_[level]);
-    decode_seen_[level] = true;
+    decode_s_[level] = ewma(decode_s_[level], decode_seen_[level] > 0);
+    ++decode_seen_[level];
+    decode_any_s_ = ewma(decode_any_s_, decode_samples_ > 0);
+    ++decode_samples_;
   }
 }
 
 double LevelPlanner::DecodeSeconds(uint32_t c, int level) const {
   const int l = Resolve(c, level);
   if (l < 0) return 0;
-  if (decode_seen_[l]) return decode_s_[l];
-  // Not seen yet: the nearest level seen, finer first (see planner.h).
+  // One sample of a level is one noisy decode on a loaded machine; a level
+  // seen once or twice that happened to decode fast would draw a
+  // decode-bound plan to it. So a level's own time counts from
+  // kTrustedSamples on; before, the nearest such level's (finer first), or
+  // the time of every level seen (see planner.h).
+  auto trusted = [&](int s) { return s >= 0 && s < levels_ && decode_seen_[s] >= kTrustedSamples; };
+  if (trusted(l)) return decode_s_[l];
   for (int d = 1; d < levels_; ++d)
     for (int s : {l - d, l + d})
-      if (s >= 0 && s < levels_ && decode_seen_[s]) return decode_s_[s];
-  return 0;
+      if (trusted(s)) return decode_s_[s];
+  return decode_any_s_;
 }
 
 int LevelPlanner::Resolve(uint32_t c, int level) const {
@@ -310,12 +317,14 @@ void RateEstimator::Observe(double busy_s, uint64_t total_bytes) {
     history_.back().first = busy_s;
   else
     history_.emplace_back(busy_s, total_bytes);
+  if (!have_regime_) regime_ = history_.front(), have_regime_ = true;
 
   size_t short_start = 0;
   const double short_rate = WindowRate(options_.short_bytes, options_.short_s, &short_start);
   if (short_rate > 0 && rate_ > 0 && short_rate < options_.drop_ratio * rate_) {
     rate_ = short_rate;
     ++drops_;
+    regime_ = history_[short_start];
     history_.erase(history_.begin(), history_.begin() + static_cast<std::ptrdiff_t>(short_start));
     return;
   }
@@ -328,6 +337,12 @@ void RateEstimator::Observe(double busy_s, uint64_t total_bytes) {
   } else if (short_rate > 0) {
     rate_ = short_rate;
   }
+}
+
+bool RateEstimator::settled() const {
+  if (rate_ <= 0 || history_.empty()) return false;
+  const auto& [t, b] = history_.back();
+  return t - regime_.first >= 2 * options_.short_s && b - regime_.second >= options_.short_bytes;
 }
 
 double RateEstimator::WindowRate(uint64_t bytes, double seconds, size_t* start) const {

@@ -19,7 +19,7 @@ namespace {
 
 struct BenchStreamArgs {
   std::string synthetic = "8,8,128,4096";
-  uint32_t chunk_tokens = 256, levels = 4, inflight = 4, reps = 3, decode_threads = 1;
+  uint32_t chunk_tokens = 256, levels = 4, inflight = 4, reps = 5, decode_threads = 1;
   double recompute_tps = 0;
   std::string factors = "0.3,0.5,0.75,1,1.5";
   std::string traces = "0.1gbit,1gbit,10gbit,drop";
@@ -85,7 +85,7 @@ int RunBenchStream(const BenchStreamArgs& a) {
   const uint32_t reps = std::max(a.reps, 1u);
 
   // Time to fetch and decode the whole context at level 0 from the local
-  // store, median of 3 runs after a warm-up; it is added to the deadlines.
+  // store, median of 5 runs after a warm-up; it is added to the deadlines.
   // Measured again before every row: the machine's load drifts, and a
   // deadline set from a quiet moment is infeasible for every client later.
   // Every client, this one included, decodes with decode_threads.
@@ -95,7 +95,7 @@ int RunBenchStream(const BenchStreamArgs& a) {
     local.fixed_level = level;
     local.decode_threads = a.decode_threads;
     std::vector<double> ms;
-    for (int rep = 0; rep < 4; ++rep) {
+    for (int rep = 0; rep < 6; ++rep) {
       Result<StreamResult> dec = StreamClient(store->get()).FetchTokens(root, tokens, a.chunk_tokens, local, nullptr);
       if (!dec.ok()) return dec.status();
       if (rep > 0) ms.push_back(dec->elapsed_ms);
