@@ -7,6 +7,8 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+
+#include "common/convert_avx2.h"
 #endif
 
 namespace cachegen {
@@ -58,21 +60,11 @@ __attribute__((target("avx2,f16c"))) void StoreF16Avx2(const float* s, size_t n,
   StoreF16Scalar(s + i, n - i, d + 2 * i);
 }
 
-__attribute__((target("avx2"))) inline __m256i ToBF16Avx2(__m256 v) {
-  const __m256i x = _mm256_castps_si256(v);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
-  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(x, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
-  const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(0x40));
-  const __m256i is_nan =
-      _mm256_cmpgt_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
-  return _mm256_blendv_epi8(rounded, quiet, is_nan);
-}
-
 __attribute__((target("avx2"))) void StoreBF16Avx2(const float* s, size_t n, uint8_t* d) {
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    const __m256i a = ToBF16Avx2(_mm256_loadu_ps(s + i));
-    const __m256i b = ToBF16Avx2(_mm256_loadu_ps(s + i + 8));
+    const __m256i a = avx2::ToBF16(_mm256_loadu_ps(s + i));
+    const __m256i b = avx2::ToBF16(_mm256_loadu_ps(s + i + 8));
     // packus works per 128-bit half: [a0-3 b0-3 a4-7 b4-7]; restore order.
     const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xd8);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + 2 * i), packed);

@@ -8,10 +8,14 @@
 
 #include <cstring>
 #include <memory>
+#include <optional>
+#include <string>
 #include <random>
 #include <vector>
 
 #include "cachegen/codec.h"
+#include "codec/cachegen/fused_decode.h"
+#include "codec/cachegen/rope.h"
 #include "codec/cachegen/section_coder.h"
 #include "codec/rans.h"
 #include "common/simd.h"
@@ -164,12 +168,24 @@ TEST_F(SimdParity, RansCorruptPayloadFailsOnBothPaths) {
 }
 
 // Whole containers through the public decoder, every output dtype.
+RopeConfig Rope(RopeConfig::Kind kind, uint32_t dims) {
+  RopeConfig r;
+  r.kind = kind;
+  r.dims = dims;
+  r.freq_base = 10000.0;
+  return r;
+}
+
 TEST_F(SimdParity, ContainersDecodeIdentically) {
+  using K = RopeConfig::Kind;
   struct Case {
     KVShape shape;
     uint32_t chunk_tokens, group_tokens;
     bool rotate;
     double max_rel_error;  // 0: default rate control
+    RopeConfig rope = {};
+    uint32_t recent_tokens = 0;
+    double recent_step_scale = 0.5;
   };
   const Case cases[] = {
       {{2, 4, 64, 67}, 32, 0, false, 0},      // default (delta groups), odd token count
@@ -177,6 +193,26 @@ TEST_F(SimdParity, ContainersDecodeIdentically) {
       {{1, 3, 64, 41}, 0, 4, true, 0},        // rotation, G = 4 (unequal anchor/delta streams)
       {{1, 2, 16, 40}, 40, 0, false, 0.0005}, // high rate: many escapes
       {{1, 2, 16, 5}, 1, 0, false, 0},        // one-token chunks
+      // Fused RoPE keys: normal and NeoX, whole and partial dims, odd token
+      // counts, one-token chunks, a batch of 4 heads plus 1, no deltas.
+      {{2, 5, 64, 37}, 16, 0, false, 0, Rope(K::kNormal, 64)},
+      {{2, 5, 64, 37}, 16, 0, false, 0, Rope(K::kNeox, 64)},
+      {{1, 3, 64, 23}, 0, 0, false, 0, Rope(K::kNormal, 40)},
+      {{1, 3, 64, 23}, 0, 0, false, 0, Rope(K::kNeox, 32)},
+      {{1, 2, 16, 5}, 1, 0, false, 0, Rope(K::kNeox, 16)},
+      {{1, 2, 8, 5}, 1, 0, false, 0, Rope(K::kNormal, 8)},
+      {{1, 8, 32, 19}, 0, 1, false, 0, Rope(K::kNormal, 32)},
+      {{1, 2, 32, 40}, 40, 0, false, 0.0005, Rope(K::kNeox, 32)},  // escapes
+      // RoPE dims the fused path leaves to the generic one.
+      {{1, 2, 64, 21}, 0, 0, false, 0, Rope(K::kNormal, 12)},
+      {{1, 2, 64, 21}, 0, 0, false, 0, Rope(K::kNeox, 24)},
+      // Groups of 3 and 4 tokens without rotation (fused), a last group cut short.
+      {{1, 5, 32, 43}, 0, 3, false, 0},
+      {{1, 3, 64, 41}, 0, 4, false, 0, Rope(K::kNeox, 64)},
+      {{1, 2, 16, 30}, 30, 4, false, 0.0005},
+      // A recent window with a finer step, and one kept as exact f16.
+      {{1, 4, 32, 45}, 0, 0, false, 0, Rope(K::kNormal, 32), 9, 0.5},
+      {{1, 4, 32, 45}, 0, 3, false, 0, Rope(K::kNeox, 32), 7, 0},
   };
   std::mt19937_64 rng(11);
   for (const Case& c : cases) {
@@ -195,6 +231,9 @@ TEST_F(SimdParity, ContainersDecodeIdentically) {
     cfg.group_tokens = c.group_tokens;
     cfg.rotate = c.rotate;
     cfg.max_rel_error = c.max_rel_error;
+    cfg.rope = c.rope;
+    cfg.recent_tokens = c.recent_tokens;
+    cfg.recent_step_scale = c.recent_step_scale;
     cfg.threads = 1;
     auto enc = Encoder::Create(cfg);
     ASSERT_TRUE(enc.ok()) << enc.status().message();
@@ -210,7 +249,8 @@ TEST_F(SimdParity, ContainersDecodeIdentically) {
       ASSERT_TRUE(scalar.ok() && vec.ok());
       ASSERT_EQ(scalar->size_bytes(), vec->size_bytes());
       ASSERT_EQ(0, std::memcmp(scalar->data(), vec->data(), vec->size_bytes()))
-          << c.shape.ToString() << " " << DTypeName(dt);
+          << c.shape.ToString() << " G " << c.group_tokens << " rope " << int(c.rope.kind) << "/" << c.rope.dims
+          << " " << DTypeName(dt);
     }
   }
 }
@@ -244,14 +284,16 @@ TEST_F(SimdParity, ValueFormTablesMatchSymbolTables) {
   }
 }
 
-// Decodes a section payload into f16 and f32 rows with SIMD on or off.
+// Decodes a section payload into f16, bf16 and f32 rows with SIMD on or off
+// (keys with RoPE redone when rope is given).
 struct SectionOut {
   bool ok = false;
-  std::vector<uint8_t> f16;
+  std::vector<uint8_t> f16, bf16;
   std::vector<float> f32;
+  uint64_t fused = 0;  // batches the three decodes took through the fused path
 };
 SectionOut DecodeSection(const SectionLayout& l, std::span<const uint8_t> payload, bool use_simd,
-                         KVPaging paging = {}) {
+                         KVPaging paging = {}, const RopeTable* rope = nullptr) {
   simd::SetEnabled(use_simd);
   SectionOut o;
   const KVShape shape{1, l.kv_heads, l.head_dim, l.tokens};
@@ -259,63 +301,119 @@ SectionOut DecodeSection(const SectionLayout& l, std::span<const uint8_t> payloa
   const uint32_t rows = paging.page_tokens ? static_cast<uint32_t>(paging.page_offsets.size()) * paging.page_tokens
                                            : l.tokens;
   o.f16.assign(size_t{rows} * l.channels() * 2, 0xee);
+  o.bf16.assign(size_t{l.tokens} * l.channels() * 2, 0xee);
   o.f32.assign(size_t{l.tokens} * l.channels(), -1.0f);
   const KVView v16(o.f16.data(), DType::kF16, shape, ContiguousStrides(shape), paging);
-  o.ok = DecodeCacheGenSection(l, payload, SectionSink{v16, 0, KV::kKey}).ok();
-  o.ok = DecodeCacheGenSection(l, payload, o.f32).ok() && o.ok;
+  const KVView vb16(o.bf16.data(), DType::kBF16, shape, ContiguousStrides(shape));
+  const uint64_t fused0 = internal::FusedBatchesOnThisThread();
+  o.ok = DecodeCacheGenSection(l, payload, SectionSink{v16, 0, KV::kKey, rope}).ok();
+  o.ok = DecodeCacheGenSection(l, payload, SectionSink{vb16, 0, KV::kKey, rope}).ok() && o.ok;
+  o.ok = DecodeCacheGenSection(l, payload, o.f32, rope).ok() && o.ok;
+  o.fused = internal::FusedBatchesOnThisThread() - fused0;
   simd::SetEnabled(true);
   return o;
 }
 
 // Section payloads straight into the section decoder (no container
 // checksum in front): intact, with flipped bytes, and with a step so large
-// that values overflow to Inf and NaN. The AVX2 paths (the fused one among
-// them) and the scalar one must agree on the verdict and, where they accept,
-// on every output byte.
+// that values overflow to Inf and NaN; without RoPE and as keys with normal
+// and NeoX RoPE; groups of 2 and 3 tokens. The AVX2 paths (the fused one
+// among them) and the scalar one must agree on the verdict and, where they
+// accept, on every output byte.
 TEST_F(SimdParity, SectionPayloadsDecodeIdentically) {
-  SectionLayout l;
-  l.tokens = 37;  // odd: the last delta group has no delta token
-  l.kv_heads = 5;  // with deltas: a batch of 4 heads and one of 1
-  l.head_dim = 32;
-  l.group_tokens = 2;
-  l.recent_begin = 29;  // a group straddles the finer recent step
-  l.recent_step_scale = 0.5f;
-  std::mt19937_64 rng(21);
-  std::vector<float> rows(size_t{l.tokens} * l.channels());
-  for (size_t i = 0; i < rows.size(); ++i)
-    rows[i] = static_cast<float>(static_cast<int64_t>(rng() % 2001) - 1000) / 400.0f + (i % 29 == 3 ? 6.0f : 0.0f);
-  const SectionAnalysis a(l, rows);
   int accepted = 0;
-  for (bool delta : {true, false})
-    for (float step : {0.02f, 0.6f}) {
-      std::vector<uint8_t> payload;
-      uint32_t side = 0;
-      a.Encode(step, delta, &payload, &side);
-      std::vector<std::vector<uint8_t>> variants = {payload};
-      std::vector<uint8_t> huge = payload;
-      const float big = 1e30f;
-      std::memcpy(&huge[1], &big, 4);  // the section step follows the flags byte
-      variants.push_back(huge);
-      for (int t = 0; t < 150; ++t) {
-        std::vector<uint8_t> bad = payload;
-        bad[rng() % bad.size()] ^= static_cast<uint8_t>(1 + rng() % 255);
-        variants.push_back(std::move(bad));
-      }
-      for (size_t i = 0; i < variants.size(); ++i) {
-        const SectionOut scalar = DecodeSection(l, variants[i], false);
-        const SectionOut vec = DecodeSection(l, variants[i], true);
-        ASSERT_EQ(scalar.ok, vec.ok) << "delta " << delta << " step " << step << " variant " << i;
-        if (i < 2) {
-          ASSERT_TRUE(vec.ok) << "variant " << i;
+  for (uint32_t group : {2u, 3u})
+    for (RopeConfig::Kind kind : {RopeConfig::Kind::kNone, RopeConfig::Kind::kNormal, RopeConfig::Kind::kNeox}) {
+      SectionLayout l;
+      l.tokens = 37;  // odd: the last delta group is short
+      l.kv_heads = 5;  // with deltas: a batch of 4 heads and one of 1
+      l.head_dim = 32;
+      l.group_tokens = group;
+      l.recent_begin = 29;  // a group straddles the finer recent step
+      l.recent_step_scale = 0.5f;
+      std::optional<RopeTable> table;
+      if (kind != RopeConfig::Kind::kNone) table.emplace(Rope(kind, 32), 100, l.tokens);
+      const RopeTable* rope = table ? &*table : nullptr;
+      std::mt19937_64 rng(21);
+      std::vector<float> rows(size_t{l.tokens} * l.channels());
+      for (size_t i = 0; i < rows.size(); ++i)
+        rows[i] = static_cast<float>(static_cast<int64_t>(rng() % 2001) - 1000) / 400.0f + (i % 29 == 3 ? 6.0f : 0.0f);
+      const SectionAnalysis a(l, rows);
+      for (bool delta : {true, false})
+        for (float step : {0.02f, 0.6f}) {
+          std::vector<uint8_t> payload;
+          uint32_t side = 0;
+          a.Encode(step, delta, &payload, &side);
+          std::vector<std::vector<uint8_t>> variants = {payload};
+          std::vector<uint8_t> huge = payload;
+          const float big = 1e30f;
+          std::memcpy(&huge[1], &big, 4);  // the section step follows the flags byte
+          variants.push_back(huge);
+          for (int t = 0; t < 60; ++t) {
+            std::vector<uint8_t> bad = payload;
+            bad[rng() % bad.size()] ^= static_cast<uint8_t>(1 + rng() % 255);
+            variants.push_back(std::move(bad));
+          }
+          for (size_t i = 0; i < variants.size(); ++i) {
+            const SectionOut scalar = DecodeSection(l, variants[i], false, {}, rope);
+            const SectionOut vec = DecodeSection(l, variants[i], true, {}, rope);
+            const std::string what = "G " + std::to_string(group) + " rope " + std::to_string(int(kind)) + " delta " +
+                                     std::to_string(delta) + " step " + std::to_string(step) + " variant " +
+                                     std::to_string(i);
+            ASSERT_EQ(scalar.ok, vec.ok) << what;
+            if (i < 2) {
+              ASSERT_TRUE(vec.ok) << what;
+            }
+            if (i == 0) {
+              // 5 heads: batches of 4 + 1 heads with deltas, one of 5 without.
+              EXPECT_EQ(vec.fused, delta ? 6u : 3u) << what;
+              EXPECT_EQ(scalar.fused, 0u) << what;
+            }
+            if (!vec.ok) continue;
+            accepted++;
+            ASSERT_EQ(scalar.f16, vec.f16) << what;
+            ASSERT_EQ(scalar.bf16, vec.bf16) << what;
+            ASSERT_EQ(0, std::memcmp(scalar.f32.data(), vec.f32.data(), vec.f32.size() * sizeof(float))) << what;
+          }
         }
-        if (!vec.ok) continue;
-        accepted++;
-        ASSERT_EQ(scalar.f16, vec.f16) << "delta " << delta << " step " << step << " variant " << i;
-        ASSERT_EQ(0, std::memcmp(scalar.f32.data(), vec.f32.data(), vec.f32.size() * sizeof(float)))
-            << "delta " << delta << " step " << step << " variant " << i;
-      }
     }
-  EXPECT_GT(accepted, 8);
+  EXPECT_GT(accepted, 48);
+}
+
+// Which RoPE layouts the fused path takes (pairs in whole 8-dim blocks) and
+// which it leaves to the generic path; the bytes agree either way.
+TEST_F(SimdParity, FusedPathRopeCoverage) {
+  using K = RopeConfig::Kind;
+  struct Case {
+    RopeConfig rope;
+    bool fused;
+  };
+  const Case cases[] = {{Rope(K::kNormal, 64), true},  {Rope(K::kNormal, 16), true},
+                        {Rope(K::kNormal, 12), false}, {Rope(K::kNeox, 64), true},
+                        {Rope(K::kNeox, 16), true},    {Rope(K::kNeox, 24), false},
+                        {Rope(K::kNeox, 8), false}};
+  SectionLayout l;
+  l.tokens = 9;
+  l.kv_heads = 2;
+  l.head_dim = 64;
+  l.group_tokens = 2;
+  l.recent_begin = l.tokens;
+  std::mt19937_64 rng(5);
+  std::vector<float> rows(size_t{l.tokens} * l.channels());
+  for (float& v : rows) v = static_cast<float>(static_cast<int64_t>(rng() % 2001) - 1000) / 300.0f;
+  std::vector<uint8_t> payload;
+  uint32_t side = 0;
+  SectionAnalysis(l, rows).Encode(0.1f, true, &payload, &side);
+  for (const Case& c : cases) {
+    const RopeTable table(c.rope, 7, l.tokens);
+    const SectionOut scalar = DecodeSection(l, payload, false, {}, &table);
+    const SectionOut vec = DecodeSection(l, payload, true, {}, &table);
+    ASSERT_TRUE(scalar.ok && vec.ok);
+    EXPECT_EQ(vec.fused, c.fused ? 3u : 0u) << int(c.rope.kind) << "/" << c.rope.dims;
+    EXPECT_EQ(scalar.f16, vec.f16) << int(c.rope.kind) << "/" << c.rope.dims;
+    EXPECT_EQ(scalar.bf16, vec.bf16) << int(c.rope.kind) << "/" << c.rope.dims;
+    EXPECT_EQ(0, std::memcmp(scalar.f32.data(), vec.f32.data(), vec.f32.size() * sizeof(float)));
+  }
 }
 
 // Paged output (rows addressed through a page table): the same values as a

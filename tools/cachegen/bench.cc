@@ -70,7 +70,11 @@ Status BenchOne(const KVTensor& input, const std::string& codec, const BenchOpti
   CodecConfig cfg;
   cfg.codec = codec;
   cfg.chunk_tokens = o.chunk_tokens;
-  if (o.bits > 0 && codec == "cachegen") cfg.bits_per_value = o.bits;
+  if (codec == "cachegen") {
+    if (o.bits > 0) cfg.bits_per_value = o.bits;
+    cfg.rope = o.rope;
+    cfg.group_tokens = o.group_tokens;
+  }
   cfg.threads = 1;
   CG_ASSIGN_OR_RETURN(Encoder enc1, Encoder::Create(cfg));
   cfg.threads = o.threads;
@@ -86,7 +90,7 @@ Status BenchOne(const KVTensor& input, const std::string& codec, const BenchOpti
                         return Status::Ok();
                       }));
   CG_ASSIGN_OR_RETURN(Decoder dec, Decoder::Open(bytes));
-  KVTensor out(input.shape(), DType::kF16);
+  KVTensor out(input.shape(), o.out_dtype);
   // One-thread decode, each rep right after a zstd decode of the same data:
   // decode_vs_zstd is the median of the per-rep ratios, so a load change on a
   // shared machine hits both sides of a ratio alike.

@@ -88,6 +88,11 @@ struct BenchOptions {
   uint32_t threads = 0;  // for the "all threads" numbers
   bool thread_scaling = false;  // also decode MB/s at 1, 2, ..., threads threads
   bool json = false;
+  // cachegen codec: keys' RoPE undone before coding and redone on decode
+  // (kind kNone: off), and the prediction group size (0 = default).
+  RopeConfig rope;
+  uint32_t group_tokens = 0;
+  DType out_dtype = DType::kF16;  // what the decodes write (MB/s still count fp16 bytes)
 };
 
 // Runs the benchmark on `input` and prints a table (or one JSON object).

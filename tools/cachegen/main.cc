@@ -260,6 +260,14 @@ int Main(int argc, char** argv) {
   bench->add_flag("--thread-scaling", bo.thread_scaling,
                   "Also measure decode MB/s at 1, 2, ..., --threads threads (speedup vs 1 thread)");
   bench->add_flag("--json", bo.json, "Print exactly one JSON object");
+  RopeArgs bench_rope;
+  AddRopeOptions(bench, &bench_rope, /*model_flag=*/false);
+  bench->add_option("--group-tokens", bo.group_tokens, "cachegen: prediction group size G (0 = default)")
+      ->capture_default_str();
+  std::string bench_dtype = "f16";
+  bench->add_option("--dtype", bench_dtype, "Dtype the decodes write (f16, bf16, f32; MB/s count fp16 bytes)")
+      ->check(CLI::IsMember({"f16", "bf16", "f32"}))
+      ->capture_default_str();
 
   CLI::App* demo = app.add_subcommand(
       "demo", "With llama.cpp: a trained model's KV compressed by the default codec and restored (size, dPPL, "
@@ -298,6 +306,12 @@ int Main(int argc, char** argv) {
     std::string name = !bench_input.empty() ? bench_input
                                              : "synthetic:" + (bench_synth.empty() ? "8,8,128,1024" : bench_synth);
     bo.codecs = SplitList(bench_codecs);
+    Result<RopeConfig> rope = ResolveRope(bench_rope);
+    if (!rope.ok()) return Fail(rope.status());
+    bo.rope = *rope;
+    Result<DType> out_dtype = ParseDType(bench_dtype);
+    if (!out_dtype.ok()) return Fail(out_dtype.status());
+    bo.out_dtype = *out_dtype;
     Result<KVTensor> in = LoadInput(name);
     if (!in.ok()) return Fail(in.status());
     Status st = RunBench(*in, name, bo);

@@ -6,11 +6,13 @@
 #include <cstring>
 #include <vector>
 
+#include "codec/cachegen/rope.h"
 #include "common/bytes.h"
 #include "common/simd.h"
 
 #if defined(__x86_64__)
 #include "codec/rans_avx2.h"
+#include "common/convert_avx2.h"
 #endif
 
 namespace cachegen::internal {
@@ -69,6 +71,10 @@ __attribute__((target("avx2,f16c"), always_inline)) inline void Store8(uint8_t* 
   if constexpr (kOut == DType::kF16) {
     // The memory form of vcvtps2ph, which the intrinsic does not give.
     asm("vcvtps2ph $0, %1, %0" : "=m"(*reinterpret_cast<__m128i_u*>(dst)) : "x"(v));
+  } else if constexpr (kOut == DType::kBF16) {
+    const __m256i b = avx2::ToBF16(v);  // each lane <= 0xffff: packus keeps it
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst),
+                     _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1)));
   } else {
     _mm256_storeu_ps(reinterpret_cast<float*>(dst), v);
   }
@@ -115,78 +121,222 @@ __attribute__((target("avx2"), noinline, cold)) bool PatchEscapes(__m256i* q, St
   return true;
 }
 
-// Where one token group's rows and parameters are.
-struct GroupRows {
-  const float* mean;  // per channel of the batch's heads
-  const float* sta;   // steps of the anchor row
-  const float* std_;  // ... of the delta row
-  uint8_t* ra;        // anchor row (head0, dim 0) in the sink
-  uint8_t* rd;        // delta row
-  int64_t head_bytes;
+// One output row of a token group: where it goes (head0, dim 0 in the sink),
+// its steps (channels of head0 on) and, for RoPE keys, its token's cos/sin
+// (pair 0).
+struct Row {
+  uint8_t* dst = nullptr;
+  const float* st = nullptr;
+  const float* cos = nullptr;
+  const float* sin = nullptr;
 };
 
-// The rows of one token group: K heads, each an anchor row (stream 2h with
-// pairs, h without) and with kPair its delta row (stream 2h + 1).
+// What every row of a batch shares.
+struct RowContext {
+  const float* mean;     // per channel of the batch's heads
+  int64_t head_bytes;
+  uint32_t rope_dims;    // rotated dims per head (RoPE keys)
+  float* stash;          // NeoX RoPE: first-half values [head][row kind][dims / 2]
+  float* anchor;         // groups of more than 2 tokens: anchor values [head][D]
+};
+
+// RoPE of kind kRope (0 none, 1 normal, 2 NeoX) on the 8 values of dims
+// d..d+7 of one row: the rotation's cos and sin in the lanes' order.
+struct Angles {
+  __m256 cos, sin;
+};
+constexpr int kRopeNone = 0, kRopeNormal = 1, kRopeNeox = 2;
+
+// The angles of dims d..d+7 of row r (d < rope dims; NeoX: d in the second
+// half, whose pair index is d - dims / 2).
+template <int kRope>
+__attribute__((target("avx2"), always_inline)) inline Angles LoadAngles(const Row& r, uint32_t d, uint32_t dims) {
+  if constexpr (kRope == kRopeNormal) {
+    // Dims (2i, 2i + 1) are pair i: each pair's cos and sin twice.
+    const __m256i dup = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+    return {_mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(r.cos + d / 2)), dup),
+            _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(r.sin + d / 2)), dup)};
+  } else {
+    return {_mm256_loadu_ps(r.cos + (d - dims / 2)), _mm256_loadu_ps(r.sin + (d - dims / 2))};
+  }
+}
+
+template <bool kNanCheck, DType kOut>
+__attribute__((target("avx2,f16c"), always_inline)) inline void Put(uint8_t* dst, __m256 v, __m256& nan) {
+  Store8<kOut>(dst, v);
+  if constexpr (kNanCheck) nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+}
+
+// Stores dims d..d+7 of head h of row r (kind: 0 anchor, 1 delta; each kind
+// has its NeoX stash), RoPE redone as RopeTable::Apply does it: products
+// rounded, then the difference or sum (no FMA), so the bytes are the generic
+// path's.
+template <int kRope, bool kNanCheck, DType kOut>
+__attribute__((target("avx2,f16c"), always_inline)) inline void Emit(const RowContext& g, const Row& r, int kind,
+                                                                    int h, uint32_t d, __m256 v, const Angles& a,
+                                                                    __m256& nan) {
+  constexpr size_t kEsize = kOut == DType::kF32 ? 4 : 2;
+  uint8_t* dst = r.dst + h * g.head_bytes;
+  if constexpr (kRope == kRopeNormal) {
+    if (d < g.rope_dims) {
+      // Even lanes x0 * c - x1 * s, odd lanes x1 * c + x0 * s (= x0 * s + x1 * c).
+      const __m256 swapped = _mm256_permute_ps(v, 0xb1);
+      v = _mm256_addsub_ps(_mm256_mul_ps(v, a.cos), _mm256_mul_ps(swapped, a.sin));
+    }
+  } else if constexpr (kRope == kRopeNeox) {
+    const uint32_t half = g.rope_dims / 2;
+    if (d < g.rope_dims) {
+      float* stash = g.stash + (size_t(h) * 2 + kind) * half;
+      if (d < half) {
+        _mm256_storeu_ps(stash + d, v);  // stored with its partner, half a row later
+        return;
+      }
+      const __m256 x0 = _mm256_loadu_ps(stash + (d - half));
+      const __m256 x1 = v;
+      Put<kNanCheck, kOut>(dst + kEsize * (d - half),
+                           _mm256_sub_ps(_mm256_mul_ps(x0, a.cos), _mm256_mul_ps(x1, a.sin)), nan);
+      v = _mm256_add_ps(_mm256_mul_ps(x0, a.sin), _mm256_mul_ps(x1, a.cos));
+    }
+  }
+  Put<kNanCheck, kOut>(dst + kEsize * d, v, nan);
+}
+
+// Whether dims d..d+7 of a row need angles.
+template <int kRope>
+inline bool NeedsAngles(uint32_t d, uint32_t dims) {
+  if constexpr (kRope == kRopeNormal) return d < dims;
+  if constexpr (kRope == kRopeNeox) return d >= dims / 2 && d < dims;
+  return false;
+}
+
+// True when the 8 values hold an escape mark that PatchEscapes cannot resolve.
+__attribute__((target("avx2"), always_inline)) inline bool BadEscape(__m256i* q, Stream& s) {
+  const __m256i m = _mm256_cmpeq_epi32(*q, _mm256_set1_epi32(kEscapeMark));
+  return !_mm256_testz_si256(m, m) && !PatchEscapes(q, s);
+}
+
+// The first two rows of one token group: K heads, each an anchor row (stream
+// 2h with deltas, h without) and with kPair its first delta row (stream 2h + 1).
 //
 // Unchecked (kChecked false), escapes are not resolved: the smallest value
 // seen goes to *lowest, and a group where it is the escape mark is decoded
 // again, checked, from its starting states. Checked, escapes are patched as
 // they come; false on a bad escape.
-template <int K, bool kPairs, bool kPair, bool kChecked, bool kNanCheck, DType kOut, int S>
+template <int K, bool kPairs, bool kPair, bool kChecked, bool kNanCheck, DType kOut, int kRope, int S>
 __attribute__((target("avx2,bmi2,f16c"), always_inline)) inline bool Group(__m256i (&x)[S], const uint8_t* (&w)[S],
-                                                                          Tables tbl, Stream* s,
-                                                                          uint32_t D, const GroupRows& g,
-                                                                          __m256i& lowest, __m256& nan) {
-  constexpr size_t kEsize = kOut == DType::kF16 ? 2 : 4;
+                                                                          Tables tbl, Stream* s, uint32_t D,
+                                                                          const RowContext& g, const Row& ra,
+                                                                          const Row& rd, __m256i& lowest,
+                                                                          __m256& nan) {
   constexpr int kA = kPairs ? 2 : 1;
-  const __m256i mark = _mm256_set1_epi32(kEscapeMark);
   for (uint32_t d = 0; d < D; d += 8) {
+    Angles aa{}, ad{};
+    if (NeedsAngles<kRope>(d, g.rope_dims)) {
+      aa = LoadAngles<kRope>(ra, d, g.rope_dims);
+      if constexpr (kPair) ad = LoadAngles<kRope>(rd, d, g.rope_dims);
+    }
 #pragma GCC unroll 8
     for (int h = 0; h < K; ++h) {
       __m256i qa = Values8(x, w, tbl, kA * h);
       __m256i qd = qa;
       if constexpr (kPair) qd = Values8(x, w, tbl, 2 * h + 1);
       if constexpr (kChecked) {
-        if (!_mm256_testz_si256(_mm256_cmpeq_epi32(qa, mark), _mm256_cmpeq_epi32(qa, mark)) &&
-            !PatchEscapes(&qa, s[kA * h]))
-          return false;
-        if (kPair && !_mm256_testz_si256(_mm256_cmpeq_epi32(qd, mark), _mm256_cmpeq_epi32(qd, mark)) &&
-            !PatchEscapes(&qd, s[2 * h + 1]))
-          return false;
+        if (BadEscape(&qa, s[kA * h])) return false;
+        if (kPair && BadEscape(&qd, s[2 * h + 1])) return false;
       } else {
         lowest = _mm256_min_epi32(lowest, kPair ? _mm256_min_epi32(qa, qd) : qa);
       }
       const size_t c = size_t(h) * D + d;
-      const __m256 va = Dequant(qa, _mm256_loadu_ps(g.mean + c), g.sta + c);
-      Store8<kOut>(g.ra + h * g.head_bytes + kEsize * d, va);
+      const __m256 va = Dequant(qa, _mm256_loadu_ps(g.mean + c), ra.st + c);
+      // Groups of more than 2 tokens predict their later rows from it too.
+      if constexpr (kPairs) _mm256_storeu_ps(g.anchor + c, va);
+      Emit<kRope, kNanCheck, kOut>(g, ra, 0, h, d, va, aa, nan);
       if constexpr (kPair) {
-        // Deltas are coded against the anchor's f32 reconstruction.
-        const __m256 vd = Dequant(qd, va, g.std_ + c);
-        Store8<kOut>(g.rd + h * g.head_bytes + kEsize * d, vd);
-        if constexpr (kNanCheck) nan = _mm256_or_ps(nan, _mm256_cmp_ps(va, vd, _CMP_UNORD_Q));
-      } else if constexpr (kNanCheck) {
-        nan = _mm256_or_ps(nan, _mm256_cmp_ps(va, va, _CMP_UNORD_Q));
+        // Deltas are coded against the anchor's f32 reconstruction (before RoPE).
+        Emit<kRope, kNanCheck, kOut>(g, rd, 1, h, d, Dequant(qd, va, rd.st + c), ad, nan);
       }
     }
   }
   return true;
 }
 
+// A further delta row of a group of more than 2 tokens (delta streams 2h + 1
+// only, predicted from the anchor values kept by Group).
+template <int K, bool kChecked, bool kNanCheck, DType kOut, int kRope, int S>
+__attribute__((target("avx2,bmi2,f16c"), always_inline)) inline bool DeltaRow(__m256i (&x)[S], const uint8_t* (&w)[S],
+                                                                             Tables tbl, Stream* s, uint32_t D,
+                                                                             const RowContext& g, const Row& r,
+                                                                             __m256i& lowest, __m256& nan) {
+  for (uint32_t d = 0; d < D; d += 8) {
+    Angles a{};
+    if (NeedsAngles<kRope>(d, g.rope_dims)) a = LoadAngles<kRope>(r, d, g.rope_dims);
+#pragma GCC unroll 8
+    for (int h = 0; h < K; ++h) {
+      __m256i q = Values8(x, w, tbl, 2 * h + 1);
+      if constexpr (kChecked) {
+        if (BadEscape(&q, s[2 * h + 1])) return false;
+      } else {
+        lowest = _mm256_min_epi32(lowest, q);
+      }
+      const size_t c = size_t(h) * D + d;
+      Emit<kRope, kNanCheck, kOut>(g, r, 1, h, d, Dequant(q, _mm256_loadu_ps(g.anchor + c), r.st + c), a, nan);
+    }
+  }
+  return true;
+}
+
+// Where the rows of a batch's tokens are.
+struct RowMaker {
+  const SectionSink* sink;
+  const FusedSection* fs;
+  uint32_t head0;
+  size_t c0;
+  Row operator()(uint32_t t) const {
+    Row r;
+    r.dst = static_cast<uint8_t*>(sink->view.Pointer(sink->layer, sink->kv, t, head0, 0));
+    r.st = (t >= fs->layout->recent_begin ? fs->st_recent : fs->st) + c0;
+    if (sink->rope) {
+      const size_t at = size_t{t} * sink->rope->pairs();
+      r.cos = sink->rope->cos().data() + at;
+      r.sin = sink->rope->sin().data() + at;
+    }
+    return r;
+  }
+};
+
+// One token group of n tokens starting at t (n >= 2 only with kPairs).
+template <int K, bool kPairs, bool kChecked, bool kNanCheck, DType kOut, int kRope, int S>
+__attribute__((target("avx2,bmi2,f16c"), always_inline)) inline bool TokenGroup(__m256i (&x)[S],
+                                                                               const uint8_t* (&w)[S], Tables tbl,
+                                                                               Stream* s, uint32_t D,
+                                                                               const RowContext& g,
+                                                                               const RowMaker& rows, uint32_t t,
+                                                                               uint32_t n, __m256i& lowest,
+                                                                               __m256& nan) {
+  const Row ra = rows(t);
+  if (!kPairs || n < 2) return Group<K, kPairs, false, kChecked, kNanCheck, kOut, kRope>(x, w, tbl, s, D, g, ra, ra,
+                                                                                        lowest, nan);
+  if (!Group<K, kPairs, kPairs, kChecked, kNanCheck, kOut, kRope>(x, w, tbl, s, D, g, ra, rows(t + 1), lowest, nan))
+    return false;
+  for (uint32_t j = 2; j < n; ++j)
+    if (!DeltaRow<K, kChecked, kNanCheck, kOut, kRope>(x, w, tbl, s, D, g, rows(t + j), lowest, nan)) return false;
+  return true;
+}
+
 // A group decoded again with escapes resolved, from the states it started
 // with (x, w: updated to where it ends).
-template <int K, bool kPairs, DType kOut, int S>
+template <int K, bool kPairs, DType kOut, int kRope, int S>
 __attribute__((target("avx2,bmi2,f16c"), noinline, cold)) bool CheckedGroup(__m256i (&x)[S], const uint8_t* (&w)[S],
-                                                                           Tables tbl, Stream* s,
-                                                                           uint32_t D, const GroupRows& g, bool pair,
-                                                                           __m256& nan) {
+                                                                           Tables tbl, Stream* s, uint32_t D,
+                                                                           const RowContext& g, const RowMaker& rows,
+                                                                           uint32_t t, uint32_t n, __m256& nan) {
   __m256i unused = _mm256_setzero_si256();
-  if (pair) return Group<K, kPairs, kPairs, true, kOut == DType::kF16, kOut>(x, w, tbl, s, D, g, unused, nan);
-  return Group<K, kPairs, false, true, kOut == DType::kF16, kOut>(x, w, tbl, s, D, g, unused, nan);
+  return TokenGroup<K, kPairs, true, kOut == DType::kF16, kOut, kRope>(x, w, tbl, s, D, g, rows, t, n, unused, nan);
 }
 
 // Whether values of this batch can overflow to Inf (and so give NaN): not
 // when |mean| + 2^32 |step| stays far below the float range, as escapes are
-// below 2^32.
+// below 2^32 (RoPE at most doubles a value).
 bool MayOverflow(const FusedSection& fs, size_t c0, size_t n) {
   float top_mean = 0, top_st = 0;
   for (size_t c = c0; c < c0 + n; ++c) {
@@ -196,7 +346,13 @@ bool MayOverflow(const FusedSection& fs, size_t c0, size_t n) {
   return !(double(top_mean) + 4294967296.0 * double(top_st) < 1e37);  // also true for NaN
 }
 
-template <int K, bool kPairs, DType kOut, bool kNanCheck>
+// Per-thread room for the NeoX stash and the anchor values.
+float* Scratch(std::vector<float>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+  return v.data();
+}
+
+template <int K, bool kPairs, DType kOut, bool kNanCheck, int kRope>
 __attribute__((target("avx2,bmi2,f16c"))) bool DecodeBatch(const FusedSection& fs, const rans::ParsedStream* ps,
                                                           uint32_t head0) {
   constexpr int S = kPairs ? 2 * K : K;
@@ -219,32 +375,30 @@ __attribute__((target("avx2,bmi2,f16c"))) bool DecodeBatch(const FusedSection& f
     s[k].esc = ByteReader(p.esc);
   }
   const size_t c0 = size_t{head0} * D;
-  GroupRows g;
+  thread_local std::vector<float> stash, anchor;
+  RowContext g;
   g.mean = fs.mean + c0;
-  g.head_bytes = sink.view.strides().head * int64_t{kOut == DType::kF16 ? 2 : 4};
+  g.head_bytes = sink.view.strides().head * int64_t{kOut == DType::kF32 ? 4 : 2};
+  g.rope_dims = sink.rope ? sink.rope->rope().dims : 0;
+  g.stash = kRope == kRopeNeox ? Scratch(stash, size_t{K} * 2 * (g.rope_dims / 2)) : nullptr;
+  g.anchor = kPairs ? Scratch(anchor, size_t{K} * D) : nullptr;
+  const RowMaker rows{&sink, &fs, head0, c0};
   __m256 nan = _mm256_setzero_ps();
   const __m256i mark = _mm256_set1_epi32(kEscapeMark);
-  constexpr uint32_t G = kPairs ? 2 : 1;
+  const uint32_t G = kPairs ? l.group_tokens : 1;
+  // Words a stream reads in one group at most: (G - 1) rows of deltas and
+  // the lookahead of a round.
+  const size_t group_words = size_t{G > 1 ? G - 1 : 1} * D + 8;
   for (uint32_t t = 0; t < tq; t += G) {
-    const bool pair = kPairs && t + 1 < tq;
-    for (int k = 0; k < S; ++k) w[k] = EnsureReadable(s[k], w[k], D + 8, k);  // a group reads <= D + 8 words
-    g.ra = static_cast<uint8_t*>(sink.view.Pointer(sink.layer, sink.kv, t, head0, 0));
-    g.sta = (t >= l.recent_begin ? fs.st_recent : fs.st) + c0;
-    if (pair) {
-      g.rd = static_cast<uint8_t*>(sink.view.Pointer(sink.layer, sink.kv, t + 1, head0, 0));
-      g.std_ = (t + 1 >= l.recent_begin ? fs.st_recent : fs.st) + c0;
-    }
+    const uint32_t n = std::min(G, tq - t);
+    for (int k = 0; k < S; ++k) w[k] = EnsureReadable(s[k], w[k], group_words, k);
     __m256i x0[S];
     const uint8_t* w0[S];
     for (int k = 0; k < S; ++k) x0[k] = x[k], w0[k] = w[k];
     __m256i lowest = _mm256_setzero_si256();
-    if (pair) {
-      Group<K, kPairs, kPairs, false, kNanCheck, kOut>(x, w, tbl, s, D, g, lowest, nan);
-    } else {
-      Group<K, kPairs, false, false, kNanCheck, kOut>(x, w, tbl, s, D, g, lowest, nan);
-    }
+    TokenGroup<K, kPairs, false, kNanCheck, kOut, kRope>(x, w, tbl, s, D, g, rows, t, n, lowest, nan);
     if (!_mm256_testz_si256(_mm256_cmpeq_epi32(lowest, mark), _mm256_cmpeq_epi32(lowest, mark))) [[unlikely]] {
-      if (!CheckedGroup<K, kPairs, kOut>(x0, w0, tbl, s, D, g, pair, nan)) return false;
+      if (!CheckedGroup<K, kPairs, kOut, kRope>(x0, w0, tbl, s, D, g, rows, t, n, nan)) return false;
       for (int k = 0; k < S; ++k) x[k] = x0[k], w[k] = w0[k];
     }
     for (int k = 0; k < S; ++k)
@@ -262,20 +416,20 @@ __attribute__((target("avx2,bmi2,f16c"))) bool DecodeBatch(const FusedSection& f
 }
 
 // Heads in power-of-two sub-batches (fewer instantiations).
-template <bool kPairs, DType kOut, bool kNanCheck>
+template <bool kPairs, DType kOut, bool kNanCheck, int kRope>
 bool DecodeHeads(const FusedSection& s, const rans::ParsedStream* ps, uint32_t head0, uint32_t heads) {
   constexpr uint32_t kPer = kPairs ? 2 : 1;
   while (heads > 0) {
     bool ok;
     uint32_t n;
     if (heads >= 8 && !kPairs) {
-      n = 8, ok = DecodeBatch<8, kPairs, kOut, kNanCheck>(s, ps, head0);
+      n = 8, ok = DecodeBatch<8, kPairs, kOut, kNanCheck, kRope>(s, ps, head0);
     } else if (heads >= 4) {
-      n = 4, ok = DecodeBatch<4, kPairs, kOut, kNanCheck>(s, ps, head0);
+      n = 4, ok = DecodeBatch<4, kPairs, kOut, kNanCheck, kRope>(s, ps, head0);
     } else if (heads >= 2) {
-      n = 2, ok = DecodeBatch<2, kPairs, kOut, kNanCheck>(s, ps, head0);
+      n = 2, ok = DecodeBatch<2, kPairs, kOut, kNanCheck, kRope>(s, ps, head0);
     } else {
-      n = 1, ok = DecodeBatch<1, kPairs, kOut, kNanCheck>(s, ps, head0);
+      n = 1, ok = DecodeBatch<1, kPairs, kOut, kNanCheck, kRope>(s, ps, head0);
     }
     if (!ok) return false;
     heads -= n, head0 += n, ps += n * kPer;
@@ -283,27 +437,57 @@ bool DecodeHeads(const FusedSection& s, const rans::ParsedStream* ps, uint32_t h
   return true;
 }
 
+template <bool kPairs, int kRope>
+bool DecodeWithRope(const FusedSection& s, const rans::ParsedStream* ps, uint32_t head0, uint32_t heads) {
+  switch (s.sink->view.dtype()) {
+    case DType::kF32:
+      return DecodeHeads<kPairs, DType::kF32, false, kRope>(s, ps, head0, heads);
+    case DType::kBF16:  // F32ToBF16's NaN rule is done in registers too
+      return DecodeHeads<kPairs, DType::kBF16, false, kRope>(s, ps, head0, heads);
+    case DType::kF16:
+      break;
+  }
+  if (MayOverflow(s, size_t{head0} * s.layout->head_dim, size_t{heads} * s.layout->head_dim))
+    return DecodeHeads<kPairs, DType::kF16, true, kRope>(s, ps, head0, heads);
+  return DecodeHeads<kPairs, DType::kF16, false, kRope>(s, ps, head0, heads);
+}
+
 template <bool kPairs>
 bool DecodeAs(const FusedSection& s, const rans::ParsedStream* ps, uint32_t head0, uint32_t heads) {
-  if (s.sink->view.dtype() == DType::kF32) return DecodeHeads<kPairs, DType::kF32, false>(s, ps, head0, heads);
-  if (MayOverflow(s, size_t{head0} * s.layout->head_dim, size_t{heads} * s.layout->head_dim))
-    return DecodeHeads<kPairs, DType::kF16, true>(s, ps, head0, heads);
-  return DecodeHeads<kPairs, DType::kF16, false>(s, ps, head0, heads);
+  if (!s.sink->rope) return DecodeWithRope<kPairs, kRopeNone>(s, ps, head0, heads);
+  if (s.sink->rope->rope().kind == RopeConfig::Kind::kNormal)
+    return DecodeWithRope<kPairs, kRopeNormal>(s, ps, head0, heads);
+  return DecodeWithRope<kPairs, kRopeNeox>(s, ps, head0, heads);
 }
 
 }  // namespace
 #endif
 
+// RoPE whose rotated pairs lie in whole 8-dim blocks: normal pairs (2i, 2i+1)
+// over dims a multiple of 8; NeoX pairs (i, i + dims/2) with dims/2 a
+// multiple of 8.
+static bool FusedRope(const RopeTable* rope) {
+  if (!rope) return true;
+  const RopeConfig& r = rope->rope();
+  if (r.kind == RopeConfig::Kind::kNormal) return r.dims % 8 == 0;
+  return r.kind == RopeConfig::Kind::kNeox && r.dims % 16 == 0;
+}
+
 bool FusedApplies(const SectionLayout& l, const SectionSink& sink, bool use_delta) {
 #if defined(__x86_64__)
-  const DType dt = sink.view.dtype();
-  return simd::Avx2() && !l.rotate && !sink.rope && sink.view.strides().dim == 1 && l.head_dim % 8 == 0 &&
-         (dt == DType::kF16 || dt == DType::kF32) && (!use_delta || l.group_tokens == 2);
+  return simd::Avx2() && !l.rotate && FusedRope(sink.rope) && sink.view.strides().dim == 1 && l.head_dim % 8 == 0 &&
+         (!use_delta || l.group_tokens >= 2);
 #else
   (void)l, (void)sink, (void)use_delta;
   return false;
 #endif
 }
+
+namespace {
+thread_local uint64_t fused_batches = 0;
+}  // namespace
+
+uint64_t FusedBatchesOnThisThread() { return fused_batches; }
 
 bool DecodeFusedBatch(const FusedSection& s, const rans::ParsedStream* streams, uint32_t head0, uint32_t heads) {
 #if defined(__x86_64__)
@@ -313,7 +497,9 @@ bool DecodeFusedBatch(const FusedSection& s, const rans::ParsedStream* streams, 
     if (streams[k].mode != rans::kModeRans || streams[k].lanes != 8 ||
         streams[k].form != rans::TableForm::kZigZagValues)
       return false;
-  return s.use_delta ? DecodeAs<true>(s, streams, head0, heads) : DecodeAs<false>(s, streams, head0, heads);
+  const bool ok = s.use_delta ? DecodeAs<true>(s, streams, head0, heads) : DecodeAs<false>(s, streams, head0, heads);
+  fused_batches += ok;
+  return ok;
 #else
   (void)s, (void)streams, (void)head0, (void)heads;
   return false;
