@@ -1,7 +1,8 @@
 // Model profiles (.cgprof): side information of the `cachegen` codec learned
 // offline from a few contexts of one model — per-channel statistics (scale and
 // mean of every layer's K and V channels) and rANS frequency tables per
-// (layer, K|V, head, anchor|delta stream) on a grid of quantizer steps.
+// (layer, K|V, head, anchor|delta stream) on a grid of quantizer steps, and
+// optionally the model's sensitivity per section (encoder guidance only).
 // Frames encoded with a profile reference it by its 64-bit id and carry
 // neither (docs/FORMAT.md, ".cgprof" and "Profile reference"); decoding them
 // needs the same profile registered in the process.
@@ -35,6 +36,13 @@ class Profile {
   // rotate settings (frames using the profile must be encoded with the same)
   // and its group size (for the delta tables).
   static Result<std::shared_ptr<const Profile>> Train(std::span<const KVView> contexts, const CodecConfig& config);
+
+  // A copy that also holds the model's measured sensitivity of every section
+  // (layer l: 2l = K, 2l + 1 = V): mean KL of the next-token distributions per
+  // unit of squared section step, finite and in [1e-30, 1e30]. The encoder's
+  // rate control then allocates steps by them (docs/FORMAT.md ".cgprof").
+  // The copy has another id.
+  Result<std::shared_ptr<const Profile>> WithSensitivity(std::span<const float> per_section) const;
 
   uint64_t id() const;  // XXH3-64 of the file before its checksum (the checksum itself)
   const std::vector<uint8_t>& bytes() const { return bytes_; }

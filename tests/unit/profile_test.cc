@@ -2,6 +2,7 @@
 #include "cachegen/profile.h"
 
 #include <cmath>
+#include <cstring>
 
 #include <gtest/gtest.h>
 
@@ -51,10 +52,42 @@ TEST(Profile, TrainParseRoundTrip) {
   EXPECT_EQ(tail.U64(), Checksum64(std::span<const uint8_t>(p->bytes()).first(p->bytes().size() - 8)));
 }
 
-TEST(Profile, HostileBytesAreRejected) {
+std::shared_ptr<const Profile> WithSensitivity(const Profile& p, std::vector<float> w) {
+  auto q = p.WithSensitivity(w);
+  EXPECT_TRUE(q.ok()) << q.status().ToString();
+  return q.ok() ? *q : nullptr;
+}
+
+TEST(Profile, SensitivitiesMakeVersion2AndRoundTrip) {
   auto p = Trained();
   ASSERT_TRUE(p);
-  const std::vector<uint8_t>& good = p->bytes();
+  EXPECT_EQ(p->bytes()[4], 1);  // no sensitivities: still written as version 1
+  EXPECT_TRUE(p->data().sensitivity.empty());
+  const std::vector<float> w = {1e-3f, 2e-4f, 4e-3f, 5e-4f};
+  auto q = WithSensitivity(*p, w);
+  ASSERT_TRUE(q);
+  EXPECT_EQ(q->bytes()[4], 2);
+  EXPECT_EQ(q->bytes().size(), p->bytes().size() + 4 * w.size());
+  EXPECT_NE(q->id(), p->id());
+  auto again = Profile::Parse(q->bytes());
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ((*again)->data().sensitivity, w);
+  EXPECT_EQ((*again)->data().sigma_code, p->data().sigma_code);  // statistics untouched
+  // Step factors: sqrt(gmean / w), geometric mean 1.
+  const std::vector<float> f = (*again)->data().SensitivityStepFactors();
+  ASSERT_EQ(f.size(), w.size());
+  double log_sum = 0;
+  for (size_t i = 0; i < f.size(); ++i) log_sum += std::log(f[i]);
+  EXPECT_NEAR(log_sum, 0, 1e-5);
+  EXPECT_NEAR(f[0] / f[2], std::sqrt(w[2] / w[0]), 1e-5);
+
+  EXPECT_EQ(p->WithSensitivity(std::vector<float>{1, 2}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(p->WithSensitivity(std::vector<float>{1, 2, 0, 1}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(p->WithSensitivity(std::vector<float>{1, 2, NAN, 1}).status().code(), StatusCode::kInvalidArgument);
+}
+
+// Truncations, flipped bytes and resealed invalid fields of `good`.
+void ExpectHostileRejected(const std::vector<uint8_t>& good) {
   for (size_t len = 0; len < good.size(); len += 1 + len / 64)
     EXPECT_FALSE(Profile::Parse(std::span<const uint8_t>(good.data(), len)).ok()) << len;
   for (size_t i = 0; i < good.size(); i += 1 + i / 64) {
@@ -70,8 +103,11 @@ TEST(Profile, HostileBytesAreRejected) {
     return b;
   };
   auto v = good;
-  v[4] = 2;  // version 2
+  v[4] = 3;  // version 3
   EXPECT_EQ(Profile::Parse(resealed(v)).status().code(), StatusCode::kUnsupported);
+  v = good;
+  v[6] |= 2;  // an unknown flag
+  EXPECT_EQ(Profile::Parse(resealed(v)).status().code(), StatusCode::kCorrupt);
   v = good;
   v[8] = 0, v[9] = 0, v[10] = 0, v[11] = 0;  // layers 0
   EXPECT_EQ(Profile::Parse(resealed(v)).status().code(), StatusCode::kCorrupt);
@@ -81,6 +117,78 @@ TEST(Profile, HostileBytesAreRejected) {
   v = good;
   v.insert(v.end() - 8, 0);  // a trailing byte
   EXPECT_EQ(Profile::Parse(resealed(v)).status().code(), StatusCode::kCorrupt);
+}
+
+TEST(Profile, HostileBytesAreRejected) {
+  auto p = Trained();
+  ASSERT_TRUE(p);
+  ExpectHostileRejected(p->bytes());
+  auto resealed = [](std::vector<uint8_t> b) {
+    b.resize(b.size() - 8);
+    ByteWriter w(&b);
+    w.U64(Checksum64(b));
+    return b;
+  };
+  // Version 1 does not know the sensitivity flag.
+  auto v = p->bytes();
+  v[6] = 1;
+  EXPECT_EQ(Profile::Parse(resealed(v)).status().code(), StatusCode::kCorrupt);
+
+  auto q = WithSensitivity(*p, {1e-3f, 2e-4f, 4e-3f, 5e-4f});
+  ASSERT_TRUE(q);
+  ExpectHostileRejected(q->bytes());
+  const size_t last = q->bytes().size() - 12;  // the last sensitivity
+  for (float bad : {0.0f, -1.0f, NAN, INFINITY, 1e31f}) {
+    v = q->bytes();
+    std::memcpy(&v[last], &bad, 4);
+    EXPECT_EQ(Profile::Parse(resealed(v)).status().code(), StatusCode::kCorrupt) << bad;
+  }
+  v = q->bytes();
+  v[6] = 0;  // flag cleared: the sensitivities are trailing bytes
+  EXPECT_EQ(Profile::Parse(resealed(v)).status().code(), StatusCode::kCorrupt);
+}
+
+// With sensitivities, rate control gives the sensitive section finer steps
+// (step ∝ 1/sqrt(w)) and still meets the bit target.
+TEST(Profile, SensitivitiesSteerStepsAtTheBitTarget) {
+  auto p = Trained();
+  ASSERT_TRUE(p);
+  // Section 2 (layer 1 K) 100x as sensitive: its step 10x finer than the others'.
+  auto q = WithSensitivity(*p, {1, 1, 100, 1});
+  ASSERT_TRUE(q);
+  RegisterProfile(p);
+  RegisterProfile(q);
+  const KVTensor kv = Contexts(3, 1)[0];
+  auto section_mse = [&](std::shared_ptr<const Profile> prof, double* bits) {
+    CodecConfig cfg;
+    cfg.bits_per_value = 2;
+    cfg.profile = std::move(prof);
+    auto bytes = Encoder::Create(cfg)->Encode(kv.view());
+    EXPECT_TRUE(bytes.ok());
+    *bits = double(bytes->size()) * 8 / double(kv.shape().values());
+    auto out = Decoder::Open(*bytes)->Decode(DType::kF32);
+    EXPECT_TRUE(out.ok());
+    std::vector<double> mse(4, 0);
+    const KVShape& s = kv.shape();
+    for (uint32_t sec = 0; sec < 4; ++sec)
+      for (uint32_t t = 0; t < s.tokens; ++t)
+        for (uint32_t h = 0; h < s.kv_heads; ++h)
+          for (uint32_t d = 0; d < s.head_dim; ++d) {
+            const KV k = sec % 2 ? KV::kValue : KV::kKey;
+            const double e = kv.view().Get(sec / 2, k, t, h, d) - out->view().Get(sec / 2, k, t, h, d);
+            mse[sec] += e * e;
+          }
+    return mse;
+  };
+  double plain_bits = 0, weighted_bits = 0;
+  const std::vector<double> plain = section_mse(p, &plain_bits), weighted = section_mse(q, &weighted_bits);
+  // Within the codec's rate tolerance (cachegen_codec_test), as without them.
+  EXPECT_NEAR(plain_bits, 2, 0.16);
+  EXPECT_NEAR(weighted_bits, 2, 0.16);
+  // Relative to section 3 (layer 1 V), section 2's error falls by far more
+  // than the rule's key scale alone gives.
+  EXPECT_LT(weighted[2] / weighted[3], 0.2 * plain[2] / plain[3])
+      << weighted[2] << " " << weighted[3] << " " << plain[2] << " " << plain[3];
 }
 
 // Encodes a context in small chunks at a fixed step with and without the profile.

@@ -2,13 +2,17 @@
 // from a few contexts of a llama.cpp model's own KV cache.
 #include <cstdio>
 #include <memory>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "cachegen/cli.h"
 #include "cachegen/command.h"
 #include "cachegen/llama_engine.h"
 #include "cachegen/profile.h"
+#include "codec/cachegen/profile_data.h"
 #include "engine/llama/eval.h"
+#include "engine/llama/sensitivity.h"
 #include "kv/io.h"
 
 namespace cachegen::cli {
@@ -16,18 +20,36 @@ namespace {
 
 struct ProfileArgs {
   std::string model, text, output;
-  uint32_t contexts = 8, context = 384, skip = 0, threads = 0;
-  bool rope = true;
+  uint32_t contexts = 8, context = 384, continuation = 128, skip = 0, threads = 0;
+  bool rope = true, sensitivity = true;
+  std::vector<double> steps = engine::SensitivityOptions().steps;
   CodecConfig tuning;
 };
+
+void PrintSensitivity(const engine::SensitivityReport& r) {
+  std::printf("section  mean KL at step");
+  for (double s : r.steps) std::printf(" %9g", s);
+  std::printf("   weight (KL/step^2)  step factor\n");
+  std::vector<float> w(r.weights.begin(), r.weights.end());
+  internal::ProfileData tmp;
+  tmp.sensitivity = w;
+  const std::vector<float> f = tmp.SensitivityStepFactors();
+  for (size_t i = 0; i < r.kl.size(); ++i) {
+    std::printf("L%zu %s            ", i / 2, i % 2 ? "V" : "K");
+    for (double kl : r.kl[i]) std::printf(" %9.2e", kl);
+    std::printf("   %18.3e  %11.3f\n", r.weights[i], f[i]);
+  }
+}
 
 int RunTrain(const ProfileArgs& a) {
   Result<std::vector<uint8_t>> text = ReadFileBytes(a.text);
   if (!text.ok()) return Fail(text.status());
   auto model = LlamaModel::Load(a.model);
   if (!model.ok()) return Fail(model.status());
-  const auto windows = engine::MakeWindows(**model, std::string(text->begin(), text->end()), a.context,
-                                           a.skip + a.contexts);
+  // Windows as `cachegen eval` cuts them (context + continuation + 1 tokens),
+  // so that --skip-windows W skips exactly the text an eval of W windows scores.
+  const auto windows = engine::MakeWindows(**model, std::string(text->begin(), text->end()),
+                                           a.context + a.continuation + 1, a.skip + a.contexts);
   if (windows.size() <= a.skip)
     return Fail(Status::InvalidArgument("the text has no window of " + std::to_string(a.context) +
                                         " tokens after the " + std::to_string(a.skip) + " skipped"));
@@ -39,7 +61,7 @@ int RunTrain(const ProfileArgs& a) {
   std::vector<KVTensor> kvs;
   for (size_t w = a.skip; w < windows.size(); ++w) {
     (*ctx)->Clear();
-    Status st = (*ctx)->Eval(windows[w], 0);
+    Status st = (*ctx)->Eval(std::span<const int32_t>(windows[w]).first(a.context), 0);
     if (!st.ok()) return Fail(st);
     auto cap = (*ctx)->Capture(0);
     if (!cap.ok()) return Fail(cap.status());
@@ -51,11 +73,25 @@ int RunTrain(const ProfileArgs& a) {
   cfg.rope = a.rope ? CodecRope((*model)->info()) : RopeConfig{};
   auto prof = Profile::Train(views, cfg);
   if (!prof.ok()) return Fail(prof.status());
+  if (a.sensitivity) {
+    engine::SensitivityOptions so;
+    so.context = a.context;
+    so.continuation = a.continuation;
+    so.steps = a.steps;
+    so.threads = a.threads;
+    so.progress = [](const std::string& m) { std::fprintf(stderr, "%s\n", m.c_str()); };
+    auto rep = engine::MeasureSensitivity(*model, std::span(windows).subspan(a.skip), **prof, cfg, so);
+    if (!rep.ok()) return Fail(rep.status());
+    PrintSensitivity(*rep);
+    prof = (*prof)->WithSensitivity(rep->weights);
+    if (!prof.ok()) return Fail(prof.status());
+  }
   Status st = WriteFileBytes(a.output, (*prof)->bytes());
   if (!st.ok()) return Fail(st);
-  std::printf("%s: profile %016llx, %zu bytes, %zu contexts x %u tokens, RoPE %s\n", a.output.c_str(),
-              static_cast<unsigned long long>((*prof)->id()), (*prof)->bytes().size(), views.size(), a.context,
-              cfg.rope.kind == RopeConfig::Kind::kNone ? "off" : "undone");
+  std::printf("%s: profile %016llx, %zu bytes, %zu contexts x %u tokens, RoPE %s, sensitivities %s\n",
+              a.output.c_str(), static_cast<unsigned long long>((*prof)->id()), (*prof)->bytes().size(),
+              views.size(), a.context, cfg.rope.kind == RopeConfig::Kind::kNone ? "off" : "undone",
+              a.sensitivity ? "measured" : "none");
   return 0;
 }
 
@@ -70,7 +106,17 @@ const bool kRegistered = RegisterCommand(55, [](CLI::App& root) -> CommandRunner
   t->add_option("-o,--output", a->output, "Output .cgprof")->required();
   t->add_option("--contexts", a->contexts, "Contexts (text windows) to learn from")->capture_default_str();
   t->add_option("--context-tokens", a->context, "Tokens per context")->capture_default_str();
+  t->add_option("--continuation", a->continuation,
+                 "Scored tokens after each context (sensitivity; windows are cut as eval cuts them)")
+      ->capture_default_str();
   t->add_option("--skip-windows", a->skip, "Windows of the text to skip first (e.g. those an eval scores)")
+      ->capture_default_str();
+  t->add_flag("--sensitivity,!--no-sensitivity", a->sensitivity,
+              "Measure each section's effect on the model's output (KL per squared step) and store it: rate "
+              "control then allocates steps by it")
+      ->capture_default_str();
+  t->add_option("--sensitivity-steps", a->steps, "Section steps (units of channel scale) the sensitivity is measured at")
+      ->delimiter(',')
       ->capture_default_str();
   t->add_option("--threads", a->threads, "llama.cpp threads (0: its default)")->capture_default_str();
   t->add_flag("--rope,!--no-rope", a->rope, "Learn keys with the model's RoPE undone (as the codec codes them)")

@@ -346,9 +346,15 @@ class CacheGenCodec final : public Codec {
     constexpr uint32_t kSampledGroups = 8;
     const uint32_t groups = std::max(1u, s.tokens / std::max(1u, a[0]->layout().group_tokens));
     const uint32_t sample_every = std::max(1u, groups / kSampledGroups);
-    // Section i is layer i / 2, K when i is even.
+    // Section i is layer i / 2, K when i is even. A profile with measured
+    // sensitivities w_i replaces the rule (layer slope, key scale) by
+    // step_i ∝ 1/sqrt(w_i): equal weighted distortion w_i step_i^2 in every
+    // section, which minimises their sum at a bit budget at high rate.
     const float key_scale = static_cast<float>(cfg.key_step_scale);
+    const std::vector<float> measured =
+        cfg.profile ? cfg.profile->data().SensitivityStepFactors() : std::vector<float>{};
     auto factor = [&](uint32_t i) {
+      if (!measured.empty()) return measured[i];
       return LayerFactor(i / 2, s.layers, cfg.layer_slope) * (i % 2 == 0 ? key_scale : 1.0f);
     };
     auto step_at = [&](double log_step, uint32_t i) { return static_cast<float>(std::exp2(log_step)) * factor(i); };

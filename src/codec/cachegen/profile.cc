@@ -20,7 +20,13 @@ namespace cachegen {
 namespace {
 
 constexpr uint32_t kMagic = 0x46504743;  // "CGPF"
-constexpr uint16_t kVersion = 1;
+// Version 1: statistics and tables. Version 2 adds blocks named by flag
+// bits (sensitivities); a profile without them is written as version 1.
+constexpr uint16_t kVersion1 = 1;
+constexpr uint16_t kVersion2 = 2;
+constexpr uint16_t kFlagSensitivity = 1;
+// Sensitivities are finite and within these bounds (KL per squared step).
+constexpr float kMinSensitivity = 1e-30f, kMaxSensitivity = 1e30f;
 constexpr size_t kHeaderBytes = 56;
 constexpr uint32_t kMaxGridPoints = 64;
 // Training grid: log2(step) from -7 to +2.75 in quarter octaves, which covers
@@ -37,8 +43,9 @@ std::vector<uint8_t> Serialize(const internal::ProfileData& d) {
   std::vector<uint8_t> out;
   ByteWriter w(&out);
   w.U32(kMagic);
-  w.U16(kVersion);
-  w.U16(0);
+  const bool sens = !d.sensitivity.empty();
+  w.U16(sens ? kVersion2 : kVersion1);
+  w.U16(sens ? kFlagSensitivity : 0);
   w.U32(d.layers);
   w.U32(d.kv_heads);
   w.U32(d.head_dim);
@@ -66,6 +73,7 @@ std::vector<uint8_t> Serialize(const internal::ProfileData& d) {
           for (uint32_t v = 0; v <= t.escape; ++v) w.Varint(t.freq[v]);
         }
   }
+  for (float v : d.sensitivity) w.F32(v);
   w.U64(Checksum64(out));
   return out;
 }
@@ -78,9 +86,9 @@ Result<internal::ProfileData> ParseData(std::span<const uint8_t> bytes) {
   if (r.U32() != kMagic) return Bad("wrong magic (not a .cgprof)");
   const uint16_t version = r.U16();
   if (version == 0) return Bad("version 0");
-  if (version > kVersion)
+  if (version > kVersion2)
     return Status::Unsupported("profile format version " + std::to_string(version) +
-                               " is newer than the supported version 1");
+                               " is newer than the supported version 2");
   const std::span<const uint8_t> body = bytes.first(bytes.size() - 8);
   ByteReader tail(bytes.subspan(bytes.size() - 8));
   if (tail.U64() != Checksum64(body)) return Bad("checksum mismatch");
@@ -100,7 +108,8 @@ Result<internal::ProfileData> ParseData(std::span<const uint8_t> bytes) {
   d.grid_points = r.U32();
   d.contexts = r.U32();
   d.tokens = r.U32();
-  if (flags != 0 || reserved != 0) return Bad("flags or reserved bits set");
+  const uint16_t known = version == kVersion1 ? 0 : kFlagSensitivity;
+  if ((flags & ~known) != 0 || reserved != 0) return Bad("unknown flags or reserved bits set");
   if (rotate > 1) return Bad("invalid rotate byte");
   d.rotate = rotate;
   if (d.layers == 0 || d.layers > 4096 || d.kv_heads == 0 || d.kv_heads > 4096 || d.head_dim == 0 ||
@@ -121,7 +130,9 @@ Result<internal::ProfileData> ParseData(std::span<const uint8_t> bytes) {
   // bytes per table), checked before anything is allocated.
   const uint64_t C = d.channels(), sections = uint64_t{d.layers} * 2;
   const uint64_t n_tables = sections * d.grid_points * d.kv_heads * 2;
-  if (r.remaining() < 8 || r.remaining() - 8 < sections * 2 * C + n_tables * 4) return Bad("truncated body");
+  const uint64_t sens_bytes = (flags & kFlagSensitivity) ? sections * 4 : 0;
+  if (r.remaining() < 8 || r.remaining() - 8 < sections * 2 * C + n_tables * 4 + sens_bytes)
+    return Bad("truncated body");
   d.sigma_code.resize(sections);
   d.mean_code.resize(sections);
   d.tables.resize(n_tables);
@@ -148,6 +159,14 @@ Result<internal::ProfileData> ParseData(std::span<const uint8_t> bytes) {
         sum += t.freq[v];
       }
       if (sum != rans::kProbScale) return Bad("table frequencies do not sum to 4096");
+    }
+  }
+  if (flags & kFlagSensitivity) {
+    d.sensitivity.resize(sections);
+    for (float& v : d.sensitivity) {
+      v = r.F32();
+      if (!r.ok()) return Bad("truncated sensitivities");
+      if (!(v >= kMinSensitivity && v <= kMaxSensitivity)) return Bad("sensitivity out of range");
     }
   }
   if (r.remaining() != 8) return Bad("trailing bytes before the checksum");
@@ -281,6 +300,18 @@ Result<std::shared_ptr<const Profile>> Profile::Train(std::span<const KVView> co
   for (size_t i = 0; i < counts.size(); ++i) d.tables[i] = rans::MakeFreqTable(counts[i]);
   std::vector<uint8_t> bytes = Serialize(d);
   return Parse(bytes);
+}
+
+Result<std::shared_ptr<const Profile>> Profile::WithSensitivity(std::span<const float> per_section) const {
+  if (per_section.size() != size_t{data_->layers} * 2)
+    return Status::InvalidArgument("profile: " + std::to_string(per_section.size()) + " sensitivities for " +
+                                   std::to_string(data_->layers * 2) + " sections");
+  for (float v : per_section)
+    if (!(v >= kMinSensitivity && v <= kMaxSensitivity))
+      return Status::InvalidArgument("profile: sensitivity " + std::to_string(v) + " out of range");
+  internal::ProfileData d = *data_;
+  d.sensitivity.assign(per_section.begin(), per_section.end());
+  return Parse(Serialize(d));
 }
 
 void RegisterProfile(std::shared_ptr<const Profile> profile) {

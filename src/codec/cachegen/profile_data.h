@@ -23,11 +23,26 @@ struct ProfileData {
   std::vector<std::vector<int32_t>> mean_code;
   // [section][grid point][head][0 anchor | 1 delta]
   std::vector<rans::FreqTable> tables;
+  // Per section: the model's measured sensitivity, mean KL of its next-token
+  // distributions per unit of squared section step (format version 2); empty
+  // when not measured. Rate control then sets step_i ∝ 1/sqrt(w_i).
+  std::vector<float> sensitivity;
 
   static constexpr int32_t kGridPerOctave = 4;
   uint32_t channels() const { return kv_heads * head_dim; }
   const rans::FreqTable& Table(uint32_t section, uint32_t g, uint32_t head, uint32_t kind) const {
     return tables[((size_t{section} * grid_points + g) * kv_heads + head) * 2 + kind];
+  }
+  // Per-section step multipliers from the sensitivities: sqrt(gmean(w) / w_i)
+  // (their geometric mean is 1); empty without sensitivities.
+  std::vector<float> SensitivityStepFactors() const {
+    if (sensitivity.empty()) return {};
+    double log_mean = 0;
+    for (float w : sensitivity) log_mean += std::log(double(w));
+    log_mean /= double(sensitivity.size());
+    std::vector<float> f(sensitivity.size());
+    for (size_t i = 0; i < f.size(); ++i) f[i] = static_cast<float>(std::exp(0.5 * (log_mean - std::log(double(sensitivity[i])))));
+    return f;
   }
   // The grid point nearest to `step`, or -1 when it lies outside the grid.
   int GridIndex(float step) const {

@@ -48,9 +48,7 @@ struct Scored {
 
 // Scores window `w` in `ctx`, whose sequence 0 holds the KV of tokens [0, N).
 Status Score(LlamaContext& ctx, const std::vector<int32_t>& w, uint32_t N, uint32_t M, uint32_t G, Scored* out) {
-  CG_RETURN_IF_ERROR(ctx.Eval(std::span<const int32_t>(w).subspan(N, M), static_cast<int32_t>(N), 0, true));
-  out->logp.resize(M);
-  for (uint32_t i = 0; i < M; ++i) LogSoftmax(ctx.Logits(i), out->logp[i]);
+  CG_RETURN_IF_ERROR(TeacherForcedLogProbs(ctx, w, N, M, &out->logp));
   CG_RETURN_IF_ERROR(ctx.Truncate(0, static_cast<int32_t>(N)));
   out->greedy.clear();
   int32_t cur = w[N];
@@ -70,9 +68,7 @@ struct Accum {
       const auto& lp = s.logp[i];
       const auto& le = exact.logp[i];
       nll -= lp[static_cast<size_t>(w[N + 1 + i])];
-      double k = 0;
-      for (size_t v = 0; v < lp.size(); ++v) k += std::exp(double{le[v]}) * (double{le[v]} - lp[v]);
-      kl += std::max(0.0, k);
+      kl += KLDivergence(le, lp);
       top1 += ArgMax(lp) == ArgMax(le);
       ++scored;
     }
@@ -99,6 +95,21 @@ uint64_t LevelBytes(const ContainerInfo& info, uint32_t level, uint64_t containe
 }
 
 }  // namespace
+
+Status TeacherForcedLogProbs(LlamaContext& ctx, std::span<const int32_t> w, uint32_t N, uint32_t M,
+                             std::vector<std::vector<float>>* logp) {
+  CG_RETURN_IF_ERROR(ctx.Eval(w.subspan(N, M), static_cast<int32_t>(N), 0, true));
+  logp->resize(M);
+  for (uint32_t i = 0; i < M; ++i) LogSoftmax(ctx.Logits(i), (*logp)[i]);
+  return Status::Ok();
+}
+
+double KLDivergence(std::span<const float> exact_logp, std::span<const float> logp) {
+  double k = 0;
+  for (size_t v = 0; v < logp.size(); ++v)
+    k += std::exp(double{exact_logp[v]}) * (double{exact_logp[v]} - logp[v]);
+  return std::max(0.0, k);
+}
 
 std::vector<std::vector<int32_t>> MakeWindows(const LlamaModel& model, const std::string& text, uint32_t length,
                                               uint32_t max) {

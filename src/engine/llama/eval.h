@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -75,5 +76,13 @@ std::vector<std::vector<int32_t>> MakeWindows(const LlamaModel& model, const std
                                               uint32_t max);
 
 Result<EvalReport> RunEval(const EvalOptions& options);
+
+// Teacher forcing: with sequence 0 of `ctx` holding the KV of w[0, N), feeds
+// w[N, N + M) at positions N.. and stores the M next-token log-probabilities
+// (logp[i] after token N + i). Leaves those tokens in the sequence.
+Status TeacherForcedLogProbs(LlamaContext& ctx, std::span<const int32_t> w, uint32_t N, uint32_t M,
+                             std::vector<std::vector<float>>* logp);
+// KL(exact || other) of two log-probability vectors, clamped at 0 (rounding).
+double KLDivergence(std::span<const float> exact_logp, std::span<const float> logp);
 
 }  // namespace cachegen::engine

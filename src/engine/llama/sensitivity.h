@@ -1,0 +1,47 @@
+// Model-measured sensitivity of each KV section (layer, K|V): how much the
+// model's next-token distributions move per unit of quantization in that
+// section alone. `cachegen profile train` stores the result in the profile
+// (Profile::WithSensitivity), and rate control allocates steps by it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cachegen/codec.h"
+#include "cachegen/llama_engine.h"
+#include "cachegen/profile.h"
+#include "cachegen/status.h"
+
+namespace cachegen::engine {
+
+struct SensitivityOptions {
+  uint32_t context = 384, continuation = 128;  // each window: N context + M scored tokens (+1)
+  // Section steps (units of the profile's channel scales) each section is quantized at.
+  std::vector<double> steps = {0.25, 0.5, 1.0};
+  uint32_t threads = 0;  // llama.cpp threads (0: its default)
+  std::function<void(const std::string&)> progress;  // may be empty
+};
+
+struct SensitivityReport {
+  std::vector<double> steps;
+  // [section][step]: mean KL(exact || quantized) over the scored positions of
+  // every window, with only that section quantized (the codec's quantizer and
+  // the profile's statistics, as a frame with the profile codes it).
+  std::vector<std::vector<double>> kl;
+  // Per section: KL per squared step, geometric mean of kl / step^2 over the
+  // steps (the high-rate model KL ≈ w step^2, fitted in relative terms).
+  std::vector<float> weights;
+};
+
+// Measures every section of `model` on `windows` (token windows of at least
+// context + continuation + 1 tokens, position 0 first). `config` supplies the
+// quantizer kind; rope, rotation and group size come from the profile.
+Result<SensitivityReport> MeasureSensitivity(const std::shared_ptr<LlamaModel>& model,
+                                             std::span<const std::vector<int32_t>> windows, const Profile& profile,
+                                             const CodecConfig& config, const SensitivityOptions& options);
+
+}  // namespace cachegen::engine
