@@ -653,6 +653,15 @@ void ScaleStats(Stats* s, double scale) {
   s->n += s->tail[0];
 }
 
+// Bytes of a rANS stream carrying `bits` of information on `lanes` states:
+// mode byte, table, lanes byte, the two lengths, escape area and payload. The
+// payload is the information in 16-bit words plus the final states (on
+// average about 3 bytes per lane beyond the information they carry).
+uint64_t RansStreamBytes(double bits, uint64_t lanes, uint64_t escape_bytes, uint64_t table_bytes) {
+  const uint64_t payload = 2 * static_cast<uint64_t>(std::ceil(bits / 16.0)) + 3 * lanes;
+  return 1 + table_bytes + 1 + VarintLen(escape_bytes) + VarintLen(payload) + escape_bytes + payload;
+}
+
 // EstimateStreamBytes for a non-empty, non-constant stream.
 uint64_t EstimateFromStats(const Stats& s, const EncodeOptions& options) {
   const Plan p = MakePlan(s, options.lanes);
@@ -661,10 +670,46 @@ uint64_t EstimateFromStats(const Stats& s, const EncodeOptions& options) {
     if (p.count[v] == 0) continue;
     bits += static_cast<double>(p.count[v]) * (static_cast<double>(kProbBits) - std::log2(static_cast<double>(p.freq[v])));
   }
-  // Payload: the information in 16-bit words, plus the final states (on
-  // average about 3 bytes per lane beyond the information they carry).
-  const uint64_t payload = 2 * static_cast<uint64_t>(std::ceil(bits / 16.0)) + 3 * p.lanes;
-  return 1 + TableBytes(p) + 1 + VarintLen(p.escape_bytes) + VarintLen(payload) + p.escape_bytes + payload;
+  return RansStreamBytes(bits, p.lanes, p.escape_bytes, TableBytes(p));
+}
+
+// EstimateStreamBytesWithTable for a non-empty, non-constant stream.
+uint64_t EstimateWithTableFromStats(const Stats& s, const FreqTable& table, const EncodeOptions& options) {
+  const uint32_t e = table.escape;
+  uint64_t direct = 0, escape_bytes = 0;
+  double bits = 0;
+  for (uint32_t v = 0; v < e; ++v) {
+    direct += s.win[0][v];
+    if (s.win[0][v]) bits += static_cast<double>(s.win[0][v]) * (kProbBits - std::log2(static_cast<double>(table.freq[v])));
+  }
+  bits += static_cast<double>(s.n - direct) * (kProbBits - std::log2(static_cast<double>(table.freq[e])));
+  // Values >= E + kVarintStep[k] each add a byte to the escape area.
+  for (int k = 0; k < 5; ++k) {
+    escape_bytes += s.tail[k];
+    for (uint32_t j = e; j < 256; ++j) escape_bytes += s.win[k][j];
+  }
+  const uint64_t lanes = std::min<uint64_t>(std::clamp<uint32_t>(options.lanes, 1, kMaxLanes), s.n);
+  return RansStreamBytes(bits, lanes, escape_bytes, /*table_bytes=*/0);
+}
+
+// Stats of histogram[v] = count of value v, like StatsOf's of the symbols.
+StreamStats StatsOfHistogram(std::span<const uint64_t> histogram) {
+  StreamStats r;
+  Stats& s = r.s;
+  for (size_t v = 0; v < histogram.size(); ++v) {
+    const uint64_t c = histogram[v];
+    if (c == 0) continue;
+    if (r.distinct++ == 0) r.lo = static_cast<uint32_t>(v);
+    s.n += c;
+    s.max_value = v;
+    if (v < 256) {
+      s.win[0][v] += c;
+      if (v >= 128) s.win[1][v - 128] += c;
+    } else {
+      AddValue(&s, v, c);
+    }
+  }
+  return r;
 }
 
 SymbolCounts Count(std::span<const uint32_t> symbols) {
@@ -711,25 +756,10 @@ uint64_t EstimateStreamBytes(std::span<const uint32_t> symbols, const SymbolCoun
 }
 
 uint64_t EstimateStreamBytes(std::span<const uint64_t> histogram, const EncodeOptions& options) {
-  Stats s;
-  uint64_t distinct = 0;
-  uint64_t first = 0;
-  for (size_t v = 0; v < histogram.size(); ++v) {
-    const uint64_t c = histogram[v];
-    if (c == 0) continue;
-    if (distinct++ == 0) first = v;
-    s.n += c;
-    s.max_value = v;
-    if (v < 256) {
-      s.win[0][v] += c;
-      if (v >= 128) s.win[1][v - 128] += c;
-    } else {
-      AddValue(&s, v, c);
-    }
-  }
-  if (s.n == 0) return 1;
-  if (distinct == 1) return 1 + VarintLen(first);
-  return EstimateFromStats(s, options);
+  const StreamStats st = StatsOfHistogram(histogram);
+  if (st.s.n == 0) return 1;
+  if (st.distinct == 1) return 1 + VarintLen(st.lo);
+  return EstimateFromStats(st.s, options);
 }
 
 FreqTable MakeFreqTable(std::span<const uint64_t> histogram) {
@@ -774,22 +804,10 @@ size_t EncodeStreamWithTable(std::span<const uint32_t> symbols, const FreqTable&
 
 uint64_t EstimateStreamBytesWithTable(std::span<const uint64_t> histogram, const FreqTable& table,
                                       const EncodeOptions& options) {
-  uint64_t n = 0, distinct = 0, first = 0, escape_bytes = 0;
-  double bits = 0;
-  for (size_t v = 0; v < histogram.size(); ++v) {
-    const uint64_t c = histogram[v];
-    if (c == 0) continue;
-    if (distinct++ == 0) first = v;
-    n += c;
-    const uint32_t sym = static_cast<uint32_t>(std::min<size_t>(v, table.escape));
-    if (v >= table.escape) escape_bytes += c * VarintLen(v - table.escape);
-    bits += static_cast<double>(c) * (static_cast<double>(kProbBits) - std::log2(static_cast<double>(table.freq[sym])));
-  }
-  if (n == 0) return 1;
-  if (distinct == 1) return 1 + VarintLen(first);
-  const uint64_t lanes = std::min<uint64_t>(std::clamp<uint32_t>(options.lanes, 1, kMaxLanes), n);
-  const uint64_t payload = 2 * static_cast<uint64_t>(std::ceil(bits / 16.0)) + 3 * lanes;
-  return 1 + 1 + VarintLen(escape_bytes) + VarintLen(payload) + escape_bytes + payload;
+  const StreamStats st = StatsOfHistogram(histogram);
+  if (st.s.n == 0) return 1;
+  if (st.distinct == 1) return 1 + VarintLen(st.lo);
+  return EstimateWithTableFromStats(st.s, table, options);
 }
 
 uint64_t EstimateStreamBytesWithTable(std::span<const uint32_t> symbols, const FreqTable& table, double scale,
@@ -798,23 +816,7 @@ uint64_t EstimateStreamBytesWithTable(std::span<const uint32_t> symbols, const F
   StreamStats st = StatsOf(symbols, Count(symbols));
   if (st.distinct == 1) return 1 + VarintLen(st.lo);
   if (scale != 1) ScaleStats(&st.s, scale);
-  const Stats& s = st.s;
-  const uint32_t e = table.escape;
-  uint64_t direct = 0, escape_bytes = 0;
-  double bits = 0;
-  for (uint32_t v = 0; v < e; ++v) {
-    direct += s.win[0][v];
-    if (s.win[0][v]) bits += static_cast<double>(s.win[0][v]) * (kProbBits - std::log2(static_cast<double>(table.freq[v])));
-  }
-  bits += static_cast<double>(s.n - direct) * (kProbBits - std::log2(static_cast<double>(table.freq[e])));
-  // Values >= E + kVarintStep[k] each add a byte to the escape area.
-  for (int k = 0; k < 5; ++k) {
-    escape_bytes += s.tail[k];
-    for (uint32_t j = e; j < 256; ++j) escape_bytes += s.win[k][j];
-  }
-  const uint64_t lanes = std::min<uint64_t>(std::clamp<uint32_t>(options.lanes, 1, kMaxLanes), s.n);
-  const uint64_t payload = 2 * static_cast<uint64_t>(std::ceil(bits / 16.0)) + 3 * lanes;
-  return 1 + 1 + VarintLen(escape_bytes) + VarintLen(payload) + escape_bytes + payload;
+  return EstimateWithTableFromStats(st.s, table, options);
 }
 
 namespace {

@@ -262,7 +262,9 @@ TEST(CacheGenLloyd, DecoderReproducesEncoderReconstruction) {
       uint32_t side = 0;
       a.Encode(step, use_delta, &payload, &side);
       // Fine steps may fall back to the uniform quantizer (no codebook pays off there).
-      if (step > 1) ASSERT_EQ(payload[0], (use_delta ? 1 : 0) | 8) << "codebook flag expected";
+      if (step > 1) {
+        ASSERT_EQ(payload[0], (use_delta ? 1 : 0) | 8) << "codebook flag expected";
+      }
       std::vector<float> out(n);
       ASSERT_TRUE(DecodeCacheGenSection(l, payload, out).ok());
       double err = 0;

@@ -30,10 +30,7 @@ void PrintSensitivity(const engine::SensitivityReport& r) {
   std::printf("section  mean KL at step");
   for (double s : r.steps) std::printf(" %9g", s);
   std::printf("   weight (KL/step^2)  step factor\n");
-  std::vector<float> w(r.weights.begin(), r.weights.end());
-  internal::ProfileData tmp;
-  tmp.sensitivity = w;
-  const std::vector<float> f = tmp.SensitivityStepFactors();
+  const std::vector<float> f = internal::ProfileData::StepFactors(r.weights);
   for (size_t i = 0; i < r.kl.size(); ++i) {
     std::printf("L%zu %s            ", i / 2, i % 2 ? "V" : "K");
     for (double kl : r.kl[i]) std::printf(" %9.2e", kl);

@@ -346,12 +346,6 @@ bool MayOverflow(const FusedSection& fs, size_t c0, size_t n) {
   return !(double(top_mean) + 4294967296.0 * double(top_st) < 1e37);  // also true for NaN
 }
 
-// Per-thread room for the NeoX stash and the anchor values.
-float* Scratch(std::vector<float>& v, size_t n) {
-  if (v.size() < n) v.resize(n);
-  return v.data();
-}
-
 template <int K, bool kPairs, DType kOut, bool kNanCheck, int kRope>
 __attribute__((target("avx2,bmi2,f16c"))) bool DecodeBatch(const FusedSection& fs, const rans::ParsedStream* ps,
                                                           uint32_t head0) {
@@ -375,13 +369,14 @@ __attribute__((target("avx2,bmi2,f16c"))) bool DecodeBatch(const FusedSection& f
     s[k].esc = ByteReader(p.esc);
   }
   const size_t c0 = size_t{head0} * D;
+  // Per-thread room for the NeoX stash and the anchor values.
   thread_local std::vector<float> stash, anchor;
   RowContext g;
   g.mean = fs.mean + c0;
   g.head_bytes = sink.view.strides().head * int64_t{kOut == DType::kF32 ? 4 : 2};
   g.rope_dims = sink.rope ? sink.rope->rope().dims : 0;
-  g.stash = kRope == kRopeNeox ? Scratch(stash, size_t{K} * 2 * (g.rope_dims / 2)) : nullptr;
-  g.anchor = kPairs ? Scratch(anchor, size_t{K} * D) : nullptr;
+  g.stash = kRope == kRopeNeox ? GrowScratch(stash, size_t{K} * 2 * (g.rope_dims / 2)) : nullptr;
+  g.anchor = kPairs ? GrowScratch(anchor, size_t{K} * D) : nullptr;
   const RowMaker rows{&sink, &fs, head0, c0};
   __m256 nan = _mm256_setzero_ps();
   const __m256i mark = _mm256_set1_epi32(kEscapeMark);

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "cachegen/codec.h"
@@ -33,15 +34,17 @@ struct ProfileData {
   const rans::FreqTable& Table(uint32_t section, uint32_t g, uint32_t head, uint32_t kind) const {
     return tables[((size_t{section} * grid_points + g) * kv_heads + head) * 2 + kind];
   }
-  // Per-section step multipliers from the sensitivities: sqrt(gmean(w) / w_i)
-  // (their geometric mean is 1); empty without sensitivities.
-  std::vector<float> SensitivityStepFactors() const {
-    if (sensitivity.empty()) return {};
+  // Per-section step multipliers from the sensitivities (StepFactors below);
+  // empty without sensitivities.
+  std::vector<float> SensitivityStepFactors() const { return StepFactors(sensitivity); }
+  // sqrt(gmean(w) / w_i) for each sensitivity w_i (their geometric mean is 1).
+  static std::vector<float> StepFactors(std::span<const float> w) {
+    if (w.empty()) return {};
     double log_mean = 0;
-    for (float w : sensitivity) log_mean += std::log(double(w));
-    log_mean /= double(sensitivity.size());
-    std::vector<float> f(sensitivity.size());
-    for (size_t i = 0; i < f.size(); ++i) f[i] = static_cast<float>(std::exp(0.5 * (log_mean - std::log(double(sensitivity[i])))));
+    for (float v : w) log_mean += std::log(double(v));
+    log_mean /= double(w.size());
+    std::vector<float> f(w.size());
+    for (size_t i = 0; i < f.size(); ++i) f[i] = static_cast<float>(std::exp(0.5 * (log_mean - std::log(double(w[i])))));
     return f;
   }
   // The grid point nearest to `step`, or -1 when it lies outside the grid.

@@ -735,12 +735,6 @@ DecodeScratch& Scratch() {
   return s;
 }
 
-template <typename T>
-T* Grow(std::vector<T>& v, size_t n) {
-  if (v.size() < n) v.resize(n);
-  return v.data();
-}
-
 // Streams decoded together (heads x anchor/delta) before or while their rows
 // are reconstructed: what the AVX2 rANS decoder interleaves, while the
 // symbols stay within the L2 cache.
@@ -802,8 +796,8 @@ Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> pa
   const uint32_t H = l.kv_heads, D = l.head_dim, C = l.channels(), tq = l.quantized_tokens();
   ByteReader r(payload);
   DecodeScratch& sc = Scratch();
-  float* sigma = Grow(sc.sigma, C);
-  float* mean = Grow(sc.mean, C);
+  float* sigma = GrowScratch(sc.sigma, C);
+  float* mean = GrowScratch(sc.mean, C);
   SectionHeader hdr;
   CG_RETURN_IF_ERROR(ParseSectionHeader(l, r, &hdr, sigma, mean));
   const float step = hdr.step;
@@ -817,14 +811,14 @@ Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> pa
   if (hdr.flags & kSectionCodebook) {
     CG_RETURN_IF_ERROR(ReadCodebook(r, C, use_delta, &cb));
     const size_t per = 2 * size_t{cb.levels} + 1;
-    levels = Grow(sc.levels, size_t{cb.groups(C)} * cb.kinds * per);
+    levels = GrowScratch(sc.levels, size_t{cb.groups(C)} * cb.kinds * per);
     for (uint32_t g = 0; g < cb.groups(C); ++g)
       for (uint32_t k = 0; k < cb.kinds; ++k) cb.Levels(g, k, levels + (size_t{g} * cb.kinds + k) * per);
     lt = {levels, 2 * cb.levels, cb.kinds, cb.group_channels};
   }
   // Steps of the older and of the recent tokens (TokenStep), per channel.
-  float* st = Grow(sc.st, C);
-  float* st_recent = Grow(sc.st_recent, C);
+  float* st = GrowScratch(sc.st, C);
+  float* st_recent = GrowScratch(sc.st_recent, C);
   const float step_recent = TokenStep(l, step, l.recent_begin);
   for (uint32_t c = 0; c < C; ++c) {
     st[c] = sigma[c] * step;
@@ -835,11 +829,11 @@ Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> pa
   const size_t na = size_t{counts.anchors} * D, nd = size_t{counts.deltas} * D;
   const uint32_t per_head = use_delta ? 2 : 1;
   const uint32_t batch = std::min(H, kBatchStreams / per_head);
-  Grow(sc.streams, kBatchStreams);
+  GrowScratch(sc.streams, kBatchStreams);
   if (sc.spliced.size() < kBatchStreams) sc.spliced.resize(kBatchStreams);
-  uint32_t* symbols = Grow(sc.symbols, size_t{batch} * (na + nd));
-  float* anchor = Grow(sc.anchor, D);
-  float* row = Grow(sc.row, D);
+  uint32_t* symbols = GrowScratch(sc.symbols, size_t{batch} * (na + nd));
+  float* anchor = GrowScratch(sc.anchor, D);
+  float* row = GrowScratch(sc.row, D);
   const DequantFn dequant = PickDequant();
   const uint32_t G = use_delta ? l.group_tokens : 1;
 #if defined(__x86_64__)

@@ -200,4 +200,12 @@ Status DecodeCacheGenSection(const SectionLayout& layout, std::span<const uint8_
 Status DecodeCacheGenSection(const SectionLayout& layout, std::span<const uint8_t> payload, std::span<float> out,
                              const RopeTable* rope = nullptr);
 
+// The section decoders' per-thread scratch: at least n elements of v, kept
+// between calls (grown, never shrunk), returned as a pointer.
+template <typename T>
+T* GrowScratch(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+  return v.data();
+}
+
 }  // namespace cachegen
