@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -22,6 +23,7 @@
 
 struct llama_model;
 struct llama_context;
+struct ggml_tensor;
 
 namespace cachegen {
 
@@ -84,6 +86,11 @@ struct LlamaContextOptions {
   bool unified = true;             // false: one stream per sequence
   uint32_t threads = 0;            // 0: 1 for models under 50M parameters, else min(4, hardware)
   uint32_t threads_batch = 0;      // for batches of several tokens (prefill); 0: as threads
+  // Offline analysis (profile training): called as Eval computes each layer's
+  // queries after RoPE, with the layer, the position of the first token and
+  // q as [tokens][heads][head_dim] f32. Setting it splits llama.cpp's graph at
+  // every layer's query (slower); the probe evaluation Create makes is not reported.
+  std::function<void(uint32_t layer, int32_t pos0, std::span<const float> q)> query_observer;
 };
 
 class LlamaContext : public EngineAdapter {
@@ -130,6 +137,11 @@ class LlamaContext : public EngineAdapter {
   int32_t cache_ggml_type_ = 1;
   bool v_trans_ = false;
   uint32_t cell_ext_bytes_ = 0;
+  // The query observer's state (llama.cpp's eval callback reaches it through `this`).
+  static bool ObserveQueries(ggml_tensor* t, bool ask, void* self);
+  bool observing_ = false;
+  std::vector<int32_t> query_pos_;  // per layer: position of the next reported query row
+  std::vector<float> query_buf_;
   std::vector<float> logits_;  // outputs x vocab of the last Eval
   size_t outputs_ = 0, first_output_ = 0;
 };

@@ -35,7 +35,15 @@ class Profile {
   // 0..T-1, keys as cached). The coding domain follows `config`: its rope and
   // rotate settings (frames using the profile must be encoded with the same)
   // and its group size (for the delta tables).
-  static Result<std::shared_ptr<const Profile>> Train(std::span<const KVView> contexts, const CodecConfig& config);
+  // `channel_weights`, when given, holds per section (layer l: 2l = K,
+  // 2l + 1 = V) one weight per channel (kv_head * head_dim + d, coding domain)
+  // or nothing: how much a unit of error in that channel matters (e.g. from the
+  // model's attention, src/engine/llama/channel_weights.h). Within each head,
+  // such a section's channel scales then move half-way (in log) from the
+  // measured σ towards ∝ 1/sqrt(weight), the head keeping its geometric-mean
+  // scale, so frames' steps put bits where they count. Not with rotate.
+  static Result<std::shared_ptr<const Profile>> Train(std::span<const KVView> contexts, const CodecConfig& config,
+                                                      std::span<const std::vector<double>> channel_weights = {});
 
   // A copy that also holds the model's measured sensitivity of every section
   // (layer l: 2l = K, 2l + 1 = V): mean KL of the next-token distributions per

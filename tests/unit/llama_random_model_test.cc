@@ -6,39 +6,20 @@
 #include <cstring>
 #include <filesystem>
 
-#include <unistd.h>
 
 #include <gtest/gtest.h>
 
 #include "cachegen/llama_engine.h"
+#include "random_model_fixture.h"
 
 namespace cachegen {
 namespace {
 
-class RandomModelTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    path_ = ::testing::TempDir() + "/cachegen_random_" + std::to_string(::getpid()) + ".gguf";
-    auto shape = engine::RandomModelPreset("tiny");
-    ASSERT_TRUE(shape.ok());
-    auto bytes = engine::WriteRandomModel(*shape, path_);
-    ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
-    EXPECT_EQ(*bytes, std::filesystem::file_size(path_));
-    auto m = LlamaModel::Load(path_);
-    ASSERT_TRUE(m.ok()) << m.status().ToString();
-    model_ = new std::shared_ptr<LlamaModel>(*m);
-  }
-  static void TearDownTestSuite() {
-    delete model_;
-    model_ = nullptr;
-    std::filesystem::remove(path_);
-  }
-  static inline std::string path_;
-  static inline std::shared_ptr<LlamaModel>* model_ = nullptr;
-};
+using RandomModelTest = TinyRandomModelTest;
 
 TEST_F(RandomModelTest, HasTheRequestedShape) {
   ASSERT_TRUE(model_);
+  EXPECT_EQ(file_bytes_, std::filesystem::file_size(path_));
   const auto& in = (*model_)->info();
   EXPECT_EQ(in.layers, 2u);
   EXPECT_EQ(in.kv_heads, 2u);

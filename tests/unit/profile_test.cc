@@ -119,6 +119,58 @@ void ExpectHostileRejected(const std::vector<uint8_t>& good) {
   EXPECT_EQ(Profile::Parse(resealed(v)).status().code(), StatusCode::kCorrupt);
 }
 
+// Channel weights move a section's scales half-way (in log) towards
+// ∝ 1/sqrt(w) within each head, keeping each head's geometric-mean scale;
+// sections without weights keep their statistics.
+TEST(Profile, ChannelWeightsMoveScalesWithinHeads) {
+  const auto ctx = Contexts(0, 3);
+  std::vector<KVView> views;
+  for (const auto& t : ctx) views.push_back(t.view());
+  auto plain = Profile::Train(views, CodecConfig{});
+  ASSERT_TRUE(plain.ok());
+  const uint32_t D = kShape.head_dim, C = kShape.kv_heads * D, sections = kShape.layers * 2;
+  std::vector<std::vector<double>> w(sections);
+  w[0].resize(C);
+  for (uint32_t c = 0; c < C; ++c) w[0][c] = std::exp2(double(c % 4));
+  auto weighted = Profile::Train(views, CodecConfig{}, w);
+  ASSERT_TRUE(weighted.ok()) << weighted.status().ToString();
+  const auto& a = (*plain)->data().sigma_code[0];
+  const auto& b = (*weighted)->data().sigma_code[0];
+  // Scale codes are 8 per octave: log2 s' = log2 s / 2 - (c % 4) / 4 + per-head constant.
+  for (uint32_t h = 0; h < kShape.kv_heads; ++h) {
+    double mean_a = 0, mean_b = 0, mean_pred = 0;
+    std::vector<double> pred(D);
+    for (uint32_t d = 0; d < D; ++d) {
+      const uint32_t c = h * D + d;
+      pred[d] = 0.5 * a[c] - 2.0 * (c % 4);
+      mean_a += a[c] / double(D);
+      mean_b += b[c] / double(D);
+      mean_pred += pred[d] / double(D);
+    }
+    EXPECT_NEAR(mean_a, mean_b, 1.0) << "head " << h;
+    for (uint32_t d = 0; d < D; ++d) EXPECT_NEAR(b[h * D + d], pred[d] + mean_a - mean_pred, 1.01) << h << " " << d;
+  }
+  for (uint32_t s = 1; s < sections; ++s) EXPECT_EQ((*plain)->data().sigma_code[s], (*weighted)->data().sigma_code[s]) << s;
+  EXPECT_NE(a, b);
+  EXPECT_NE((*plain)->id(), (*weighted)->id());
+
+  auto bad = w;
+  bad[0][3] = -1;
+  EXPECT_FALSE(Profile::Train(views, CodecConfig{}, bad).ok());
+  bad[0][3] = std::nan("");
+  EXPECT_FALSE(Profile::Train(views, CodecConfig{}, bad).ok());
+  bad = w;
+  bad[0].pop_back();
+  EXPECT_FALSE(Profile::Train(views, CodecConfig{}, bad).ok());
+  bad = w;
+  std::fill(bad[0].begin(), bad[0].end(), 0.0);
+  EXPECT_FALSE(Profile::Train(views, CodecConfig{}, bad).ok());
+  EXPECT_FALSE(Profile::Train(views, CodecConfig{}, std::span(w).first(1)).ok());
+  CodecConfig rotated;
+  rotated.rotate = true;
+  EXPECT_FALSE(Profile::Train(views, rotated, w).ok());
+}
+
 TEST(Profile, HostileBytesAreRejected) {
   auto p = Trained();
   ASSERT_TRUE(p);

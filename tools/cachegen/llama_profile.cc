@@ -12,6 +12,7 @@
 #include "cachegen/profile.h"
 #include "codec/cachegen/profile_data.h"
 #include "engine/llama/eval.h"
+#include "engine/llama/channel_weights.h"
 #include "engine/llama/sensitivity.h"
 #include "kv/io.h"
 
@@ -21,7 +22,7 @@ namespace {
 struct ProfileArgs {
   std::string model, text, output;
   uint32_t contexts = 8, context = 384, continuation = 128, skip = 0, threads = 0;
-  bool rope = true, sensitivity = true;
+  bool rope = true, sensitivity = true, channel_weights = true;
   std::vector<double> steps = engine::SensitivityOptions().steps;
   CodecConfig tuning;
 };
@@ -50,9 +51,32 @@ int RunTrain(const ProfileArgs& a) {
   if (windows.size() <= a.skip)
     return Fail(Status::InvalidArgument("the text has no window of " + std::to_string(a.context) +
                                         " tokens after the " + std::to_string(a.skip) + " skipped"));
+  CodecConfig cfg = a.tuning;
+  cfg.rope = a.rope ? CodecRope((*model)->info()) : RopeConfig{};
+  // Channel weights need the attention output matrix from the GGUF and no
+  // rotation; without either the profile is trained without them, saying so.
+  bool use_weights = a.channel_weights;
+  std::vector<std::vector<float>> grams;
+  if (use_weights && cfg.rotate) {
+    std::fprintf(stderr, "profile: channel weights skipped (not with --rotate)\n");
+    use_weights = false;
+  } else if (use_weights) {
+    auto g = engine::AttentionOutputGrams(a.model, (*model)->info());
+    if (g.ok()) {
+      grams = std::move(*g);
+    } else {
+      std::fprintf(stderr, "profile: channel weights skipped: %s\n", g.status().ToString().c_str());
+      use_weights = false;
+    }
+  }
+  engine::ChannelWeightAccumulator weights((*model)->info(), cfg.rope, std::move(grams));
   LlamaContextOptions co;
   co.n_ctx = a.context + 8;
   co.threads = a.threads;
+  if (use_weights)
+    co.query_observer = [&weights](uint32_t layer, int32_t pos0, std::span<const float> q) {
+      weights.ObserveQueries(layer, pos0, q);
+    };
   auto ctx = LlamaContext::Create(*model, co);
   if (!ctx.ok()) return Fail(ctx.status());
   std::vector<KVTensor> kvs;
@@ -62,13 +86,18 @@ int RunTrain(const ProfileArgs& a) {
     if (!st.ok()) return Fail(st);
     auto cap = (*ctx)->Capture(0);
     if (!cap.ok()) return Fail(cap.status());
+    if (use_weights) {
+      st = weights.AddWindow(cap->kv.view());
+      if (!st.ok()) return Fail(st);
+    }
     kvs.push_back(std::move(cap->kv));
   }
   std::vector<KVView> views;
   for (const KVTensor& t : kvs) views.push_back(t.view());
-  CodecConfig cfg = a.tuning;
-  cfg.rope = a.rope ? CodecRope((*model)->info()) : RopeConfig{};
-  auto prof = Profile::Train(views, cfg);
+  // K sections only: V weights measured no gain on stories260K (docs/EVAL.md).
+  std::vector<std::vector<double>> channel_weights = weights.weights();
+  for (size_t i = 1; i < channel_weights.size(); i += 2) channel_weights[i].clear();
+  auto prof = Profile::Train(views, cfg, channel_weights);
   if (!prof.ok()) return Fail(prof.status());
   if (a.sensitivity) {
     engine::SensitivityOptions so;
@@ -85,10 +114,10 @@ int RunTrain(const ProfileArgs& a) {
   }
   Status st = WriteFileBytes(a.output, (*prof)->bytes());
   if (!st.ok()) return Fail(st);
-  std::printf("%s: profile %016llx, %zu bytes, %zu contexts x %u tokens, RoPE %s, sensitivities %s\n",
+  std::printf("%s: profile %016llx, %zu bytes, %zu contexts x %u tokens, RoPE %s, sensitivities %s, key channel weights %s\n",
               a.output.c_str(), static_cast<unsigned long long>((*prof)->id()), (*prof)->bytes().size(),
               views.size(), a.context, cfg.rope.kind == RopeConfig::Kind::kNone ? "off" : "undone",
-              a.sensitivity ? "measured" : "none");
+              a.sensitivity ? "measured" : "none", use_weights ? "from attention" : "none");
   return 0;
 }
 
@@ -114,6 +143,11 @@ const bool kRegistered = RegisterCommand(55, [](CLI::App& root) -> CommandRunner
       ->capture_default_str();
   t->add_option("--sensitivity-steps", a->steps, "Section steps (units of channel scale) the sensitivity is measured at")
       ->delimiter(',')
+      ->capture_default_str();
+  t->add_flag("--channel-weights,!--no-channel-weights", a->channel_weights,
+              "Weigh key channels by their first-order effect on the attention output (the model's queries, "
+              "attention weights, values and output matrix): within each head, K channel scales move "
+              "half-way (in log) towards 1/sqrt(weight)")
       ->capture_default_str();
   t->add_option("--threads", a->threads, "llama.cpp threads (0: its default)")->capture_default_str();
   t->add_flag("--rope,!--no-rope", a->rope, "Learn keys with the model's RoPE undone (as the codec codes them)")

@@ -3,12 +3,15 @@
 #include "cachegen/llama_engine.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <numeric>
 #include <thread>
 
+#include <ggml-backend.h>
+#include <ggml.h>
 #include <llama.h>
 
 #include "engine/llama_state.h"
@@ -180,12 +183,16 @@ Result<std::unique_ptr<LlamaContext>> LlamaContext::Create(std::shared_ptr<Llama
   cp.kv_unified = options.unified;
   cp.no_perf = true;
   cp.offload_kqv = false;
+  std::unique_ptr<LlamaContext> out(new LlamaContext());
+  if (options.query_observer) {
+    cp.cb_eval = &LlamaContext::ObserveQueries;
+    cp.cb_eval_user_data = out.get();
+  }
   llama_context* ctx = llama_init_from_model(model->raw(), cp);
   if (!ctx) {
     return Status::InvalidArgument("llama.cpp could not create a context (cache " + options.cache_type +
                                    ", flash attention " + std::to_string(options.flash_attn) + ")");
   }
-  std::unique_ptr<LlamaContext> out(new LlamaContext());
   out->model_ = std::move(model);
   out->options_ = options;
   out->ctx_ = ctx;
@@ -205,7 +212,26 @@ Result<std::unique_ptr<LlamaContext>> LlamaContext::Create(std::shared_ptr<Llama
     out->cell_ext_bytes_ = st.cell_ext_bytes;
     out->Clear();
   }
+  out->observing_ = static_cast<bool>(out->options_.query_observer);
   return out;
+}
+
+// llama.cpp's graph names each layer's query "Qcur-<layer>" at every step of
+// its making; the output of the RoPE node is the query attention uses.
+bool LlamaContext::ObserveQueries(ggml_tensor* t, bool ask, void* user) {
+  auto* self = static_cast<LlamaContext*>(user);
+  int layer = -1;
+  if (!self->observing_ || t->op != GGML_OP_ROPE || std::sscanf(t->name, "Qcur-%d", &layer) != 1 || layer < 0 ||
+      static_cast<size_t>(layer) >= self->query_pos_.size() || t->type != GGML_TYPE_F32 || !ggml_is_contiguous(t))
+    return !ask;  // ask: not wanted; otherwise: keep computing
+  if (ask) return true;
+  const size_t n = ggml_nelements(t);
+  self->query_buf_.resize(n);
+  ggml_backend_tensor_get(t, self->query_buf_.data(), 0, n * sizeof(float));
+  const int32_t pos = self->query_pos_[layer];
+  self->query_pos_[layer] += static_cast<int32_t>(t->ne[2]);  // tokens of this micro-batch
+  self->options_.query_observer(static_cast<uint32_t>(layer), pos, self->query_buf_);
+  return true;
 }
 
 LlamaContext::~LlamaContext() {
@@ -237,6 +263,7 @@ Status LlamaContext::Eval(std::span<const int32_t> tokens, int32_t pos0, int32_t
     batch.logits[i] = all_logits || i + 1 == tokens.size();
   }
   batch.n_tokens = static_cast<int32_t>(tokens.size());
+  if (observing_) query_pos_.assign(model_->info().layers, pos0);
   const int32_t rc = llama_decode(ctx_, batch);
   llama_batch_free(batch);
   if (rc != 0) return Status::Internal("llama_decode failed (" + std::to_string(rc) + ")");
