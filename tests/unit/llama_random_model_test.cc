@@ -6,7 +6,6 @@
 #include <cstring>
 #include <filesystem>
 
-
 #include <gtest/gtest.h>
 
 #include "cachegen/llama_engine.h"
