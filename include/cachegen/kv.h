@@ -8,9 +8,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "cachegen/status.h"
@@ -121,6 +123,9 @@ class KVTensor {
  public:
   KVTensor() = default;
   KVTensor(KVShape shape, DType dtype);  // zero-filled
+  // Bytes left unset, for a caller that writes every one of them before
+  // anything reads the tensor (Decoder::Decode): no zero-filling pass.
+  static KVTensor Unfilled(KVShape shape, DType dtype);
 
   const KVShape& shape() const { return shape_; }
   DType dtype() const { return dtype_; }
@@ -139,9 +144,27 @@ class KVTensor {
   KVTensor Slice(uint32_t begin, uint32_t count) const;
 
  private:
+  // std::allocator whose value-initialisation of an element is default
+  // initialisation, so that a resize leaves new bytes unset (Unfilled); the
+  // constructor zero-fills.
+  template <typename T>
+  struct UnsetAllocator : std::allocator<T> {
+    UnsetAllocator() = default;
+    template <typename U>
+    UnsetAllocator(const UnsetAllocator<U>&) noexcept {}
+    template <typename U>
+    void construct(U* p) noexcept {
+      ::new (static_cast<void*>(p)) U;
+    }
+    template <typename U, typename... Args>
+    void construct(U* p, Args&&... args) {
+      ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+    }
+  };
+
   KVShape shape_;
   DType dtype_ = DType::kF32;
-  std::vector<uint8_t> data_;
+  std::vector<uint8_t, UnsetAllocator<uint8_t>> data_;
 };
 
 // Copies every value of src into dst (same shape; dtypes may differ).

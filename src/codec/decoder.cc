@@ -136,7 +136,11 @@ Status Decoder::Decode(const KVView& out, uint32_t level, uint32_t threads) cons
 }
 
 Result<KVTensor> Decoder::Decode(DType dtype, uint32_t level, uint32_t threads) const {
-  KVTensor t(info_.shape, dtype);
+  // Not zero-filled first: the chunks tile the container's tokens
+  // (ParseContainer) and every section decode writes all rows of its layer
+  // and K|V (decoder_fill_test checks each codec). On an error the tensor is
+  // dropped unread.
+  KVTensor t = KVTensor::Unfilled(info_.shape, dtype);
   CG_RETURN_IF_ERROR(Decode(t.view(), level, threads));
   return t;
 }

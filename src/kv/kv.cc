@@ -141,7 +141,15 @@ KVView KVView::Tokens(uint32_t begin, uint32_t count) const {
 }
 
 KVTensor::KVTensor(KVShape shape, DType dtype)
-    : shape_(shape), dtype_(dtype), data_(shape.values() * DTypeSize(dtype), 0) {}
+    : shape_(shape), dtype_(dtype), data_(shape.values() * DTypeSize(dtype), uint8_t{0}) {}
+
+KVTensor KVTensor::Unfilled(KVShape shape, DType dtype) {
+  KVTensor t;
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  t.data_.resize(shape.values() * DTypeSize(dtype));
+  return t;
+}
 
 KVTensor KVTensor::Converted(DType to) const {
   KVTensor out(shape_, to);

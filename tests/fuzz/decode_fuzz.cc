@@ -108,6 +108,17 @@ std::vector<uint8_t> MakeValid(std::mt19937& rng) {
   return std::move(*bytes);
 }
 
+// A decode that succeeds writes every output byte, corrupt-but-accepted input
+// included: Decoder::Decode(dtype) hands out a tensor it did not zero-fill.
+// Two outputs prefilled with different bytes must come out equal.
+void CheckEveryByteWritten(const Decoder& dec, uint32_t level) {
+  KVTensor a(dec.info().shape, DType::kF16), b(dec.info().shape, DType::kF16);
+  std::memset(b.data(), 0xff, b.size_bytes());
+  if (dec.Decode(a.view(), level, 1).ok() && dec.Decode(b.view(), level, 1).ok() &&
+      std::memcmp(a.data(), b.data(), a.size_bytes()) != 0)
+    __builtin_trap();
+}
+
 }  // namespace
 
 extern "C" size_t LLVMFuzzerMutate(uint8_t* data, size_t size, size_t max_size);
@@ -138,6 +149,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       KVTensor out(info.shape, DType::kBF16);
       for (uint32_t level = 0; level < info.levels; ++level) (void)dec->Decode(out.view(), level, 1);
       (void)dec->Decode(DType::kF32, 0, 2);
+      CheckEveryByteWritten(*dec, info.levels - 1);
     }
   }
   if (auto fi = InspectFrame(bytes); fi.ok() && fi->shape.values() <= kMaxValues) {
