@@ -56,11 +56,33 @@ struct PlannerOptions {
   double recompute_tokens_per_s = 0;     // 0: never recompute
   double initial_bandwidth_bytes_s = 0;  // prior estimate; 0 = unknown
   double smoothing = 0.5;                // weight of the newest bandwidth sample (EWMA)
-  double safety = 0.9;                   // plan to use this share of the estimated bandwidth
-  // Share of the deadline kept free at the end. Replanning after every chunk
-  // spends each plan's slack, so without it the transfer converges onto the
-  // deadline and the last chunk's noise decides.
+  // Share of the estimated bandwidth (and of the decoder's estimated speed)
+  // the plan may use while the spread of either is unknown; the most
+  // conservative derating used (see LevelPlanner::Margins).
+  double safety = 0.9;
+  // Share of the deadline kept free at the end, at most. Replanning after
+  // every chunk spends each plan's slack, so without it the transfer
+  // converges onto the deadline and the last chunk's noise decides. Once the
+  // spread of the link and of decode times is measured, the reserve is sized
+  // from it instead (never above this share).
   double reserve = 0.05;
+  // Standard deviations of the measured noise the measured margins cover.
+  double spread_sigmas = 2.0;
+};
+
+// Spread of the link's goodput, measured over disjoint segments of the
+// current rate regime (RateEstimator::spread).
+struct LinkSpread {
+  int segments = 0;       // segments measured; 0 = unknown
+  double rate_cv = 0;     // standard deviation of the segments' rates / their mean
+  double time_sd_s = 0;   // standard deviation of a segment's duration around bytes / mean rate
+};
+
+// The margins a plan keeps (LevelPlanner::Margins).
+struct PlanMargins {
+  double link_safety = 1;    // share of the estimated bandwidth used
+  double decode_safety = 1;  // share of the estimated decoder speed used
+  double reserve_s = 0;      // time kept free before the deadline
 };
 
 // A request issued and not delivered yet.
@@ -115,6 +137,23 @@ class LevelPlanner {
   // before any chunk was processed.
   double DecodeSeconds(uint32_t c, int level) const;
 
+  // The link's measured spread (RateEstimator::spread); margins follow it
+  // once it covers 3 segments.
+  void SetLinkSpread(const LinkSpread& spread) { link_ = spread; }
+  // The margins the next plan keeps. Until the spread of the link and of
+  // decode times has been measured (3 segments, and 3 decode times each
+  // after an earlier one at its level), the configured ones: `safety` on both stages and `reserve`
+  // of the deadline. Then, with z = spread_sigmas, the link's derating is
+  // 1 - z * rate_cv, the decoder's 1 - z * (decode time's standard deviation
+  // / its mean), neither below `safety` nor above 0.99; the reserve is z
+  // standard deviations of the end's noise (a segment's timing and one
+  // decode, independent) plus 0.5 % of the deadline, never above the
+  // configured share. On a steady link (a token bucket: its rate is exact,
+  // its bursts a few ms) the fixed margins made the client end tens of ms
+  // early at a coarser level than a fixed client that met the deadline by
+  // 3 %; on a noisy one the measured margins are the configured ones.
+  PlanMargins Margins() const;
+
   // Estimated bandwidth in bytes/s; 0 while unknown.
   double bandwidth() const { return bandwidth_; }
   double tail_s() const { return tail_s_; }
@@ -163,6 +202,9 @@ class LevelPlanner {
   std::vector<int> decode_seen_;     // samples per level
   double decode_any_s_ = 0;          // smoothed over every level
   int decode_samples_ = 0;
+  double decode_sq_residuals_ = 0;   // sum of (sample - its level's estimate before it)^2
+  int decode_residuals_ = 0;
+  LinkSpread link_;
   static constexpr int kTrustedSamples = 3;
   std::vector<double> level_total_;  // bytes of all chunks per level
 };
@@ -177,7 +219,9 @@ class LevelPlanner {
 // seconds: a shaped link delivers in bursts, and a window of k bursts
 // measures the rate within about 1/k; the time floor keeps a stall of the
 // reading threads (CPU contention) on a fast link from reading as a drop.
-// Until the long window is full the short one answers. Pure logic: no clocks.
+// Until the long window is full the short one answers. The spread of the
+// rate is measured over disjoint segments (each at least the long window's
+// bytes and seconds) since the regime began. Pure logic: no clocks.
 class RateEstimator {
  public:
   struct Options {
@@ -202,6 +246,9 @@ class RateEstimator {
   // threads more often than a change of the link. Costly reactions (abandoning
   // requests) wait for it; the estimate itself follows at once.
   bool settled() const;
+  // Spread of the segments' rates and durations in the current regime (a
+  // drop starts a new one); segments = 0 before the first.
+  LinkSpread spread() const;
 
  private:
   // Rate over the newest window of at least `bytes` and `seconds` (its first
@@ -211,6 +258,8 @@ class RateEstimator {
   std::deque<std::pair<double, uint64_t>> history_;  // (busy_s, total), oldest first
   std::pair<double, uint64_t> regime_{0, 0};          // where the current estimate's regime began
   bool have_regime_ = false;
+  std::pair<double, uint64_t> segment_start_{0, 0};       // where the segment being measured began
+  std::vector<std::pair<double, uint64_t>> segments_;  // (seconds, bytes) of the regime's segments
   double rate_ = 0;
   int drops_ = 0;
 };

@@ -50,8 +50,8 @@ struct StreamOptions {
   int fixed_level = -1;                // >= 0: always this level (no adaptation; a baseline)
   double initial_bandwidth_bytes_s = 0;  // prior; 0 = unknown (the first chunk alone probes, at the finest level)
   double smoothing = 0.5;              // EWMA weight of the newest bandwidth sample
-  double safety = 0.9;                 // share of the estimated bandwidth the plan may use
-  double reserve = 0.05;               // share of the deadline the plan keeps free (PlannerOptions::reserve)
+  double safety = 0.9;    // share of the estimated bandwidth the plan may use, at least (PlannerOptions::safety)
+  double reserve = 0.05;  // share of the deadline the plan keeps free, at most (PlannerOptions::reserve)
   uint32_t levels = kMaxChunkLevels;   // levels to look up per chunk
   uint32_t decode_threads = 1;
   DType dtype = DType::kF16;           // dtype of the delivered tensors

@@ -218,6 +218,7 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
     if (!issued_any) return;
     rate.Observe(fetcher.BusySeconds(first_issue, Clock::now()), fetcher.received());
     planner.SetBandwidth(rate.rate());
+    planner.SetLinkSpread(rate.spread());
   };
   auto in_flight = [&] {
     std::vector<InFlight> v;

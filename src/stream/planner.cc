@@ -1,6 +1,7 @@
 #include "cachegen/planner.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 namespace cachegen {
@@ -38,6 +39,13 @@ void LevelPlanner::OnProcessed(double seconds, int level) {
   tail_s_ = ewma(tail_s_, have_tail_);
   have_tail_ = true;
   if (level >= 0 && level < levels_) {
+    // The spread: each time against its level's estimate before it (the
+    // noise the plan meets), not against the mean of every level.
+    if (decode_seen_[level] > 0) {
+      const double r = seconds - decode_s_[level];
+      decode_sq_residuals_ += r * r;
+      ++decode_residuals_;
+    }
     decode_s_[level] = ewma(decode_s_[level], decode_seen_[level] > 0);
     ++decode_seen_[level];
     decode_any_s_ = ewma(decode_any_s_, decode_samples_ > 0);
@@ -59,6 +67,26 @@ double LevelPlanner::DecodeSeconds(uint32_t c, int level) const {
     for (int s : {l - d, l + d})
       if (trusted(s)) return decode_s_[s];
   return decode_any_s_;
+}
+
+PlanMargins LevelPlanner::Margins() const {
+  constexpr double kMaxSafety = 0.99;
+  constexpr double kReserveFloor = 0.005;  // of the deadline
+  const double z = std::max(options_.spread_sigmas, 0.0);
+  const double configured_s = options_.reserve * options_.deadline_s;
+  PlanMargins m{options_.safety, options_.safety, configured_s};
+  const bool link_known = link_.segments >= kTrustedSamples;
+  const bool decode_known = decode_residuals_ >= kTrustedSamples && decode_any_s_ > 0;
+  const double hi = std::max(options_.safety, kMaxSafety);
+  if (link_known) m.link_safety = std::clamp(1 - z * link_.rate_cv, options_.safety, hi);
+  const double decode_sd = decode_known ? std::sqrt(decode_sq_residuals_ / decode_residuals_) : 0;
+  if (decode_known) m.decode_safety = std::clamp(1 - z * decode_sd / decode_any_s_, options_.safety, hi);
+  if (link_known && decode_known) {
+    const double measured =
+        z * std::sqrt(link_.time_sd_s * link_.time_sd_s + decode_sd * decode_sd) + kReserveFloor * options_.deadline_s;
+    m.reserve_s = std::min(measured, configured_s);
+  }
+  return m;
 }
 
 int LevelPlanner::Resolve(uint32_t c, int level) const {
@@ -125,7 +153,7 @@ Plan LevelPlanner::Solve(uint32_t first, double elapsed_s, uint64_t kept_bytes, 
     // Feasible within the whole deadline, reserve included: the reserve is
     // the margin for the estimate's swings, and a plan that spent its slack
     // on upgrades turns "infeasible" at the smallest one.
-    const double reserve_s = options_.reserve * options_.deadline_s;
+    const double reserve_s = Margins().reserve_s;
     if (Solve(first, elapsed_s - reserve_s, kept, {}, kept_decode).feasible) {
       Plan keep = Solve(first, elapsed_s, kept, {}, kept_decode);
       keep.reissue.assign(inflight.size(), -1);
@@ -160,8 +188,10 @@ Plan LevelPlanner::Solve(uint32_t first, double elapsed_s, uint64_t kept_bytes, 
     return finish();
   }
   const double inf = std::numeric_limits<double>::infinity();
-  const double bw = bandwidth_ * options_.safety;
-  const double left = options_.deadline_s * (1 - options_.reserve) - elapsed_s;
+  const PlanMargins margins = Margins();
+  const double bw = bandwidth_ * margins.link_safety;
+  const double dsafety = margins.decode_safety;
+  const double left = options_.deadline_s - margins.reserve_s - elapsed_s;
   const double rate = options_.recompute_tokens_per_s;
   auto recompute_s = [&](uint64_t tokens) {
     return tokens == 0 ? 0.0 : rate > 0 ? static_cast<double>(tokens) / rate : inf;
@@ -169,7 +199,7 @@ Plan LevelPlanner::Solve(uint32_t first, double elapsed_s, uint64_t kept_bytes, 
   // Two stages in a row: the link, then the decoder (one chunk at a time).
   auto expected = [&](uint64_t fetch_bytes, double decode_s, uint64_t recompute_tokens) {
     const double transfer = static_cast<double>(kept_bytes + fetch_bytes) / bw + tail_s_;
-    const double decode = (pending_decode_s + decode_s) / options_.safety;
+    const double decode = (pending_decode_s + decode_s) / dsafety;
     return std::max(transfer, decode) + recompute_s(recompute_tokens);
   };
 
@@ -214,7 +244,7 @@ Plan LevelPlanner::Solve(uint32_t first, double elapsed_s, uint64_t kept_bytes, 
   // 1. The finest uniform level that fits both stages, then upgrades one
   // level finer, earliest chunks first, while both still fit.
   const double byte_budget = (left - forced_s - tail_s_) * bw - static_cast<double>(kept_bytes);
-  const double decode_budget = (left - forced_s) * options_.safety - pending_decode_s;
+  const double decode_budget = (left - forced_s) * dsafety - pending_decode_s;
   auto upgrade = [&](double byte_slack, double decode_slack, uint64_t* total, double* decode) {
     for (size_t k = 0; k < slots.size(); ++k) {
       if (level[k] < 0) continue;
@@ -284,7 +314,7 @@ Plan LevelPlanner::Solve(uint32_t first, double elapsed_s, uint64_t kept_bytes, 
   plan.expected_s = expected(fetch, decode, recompute);
   if (plan.feasible) {  // spend the slack on one level finer, earliest first
     const double spare = left - plan.expected_s;
-    upgrade(spare * bw, spare * options_.safety, &fetch, &decode);
+    upgrade(spare * bw, spare * dsafety, &fetch, &decode);
     plan.expected_s = expected(fetch, decode, recompute);
   } else {
     // Late anyway: the finest uniform level expected to end (about) as early
@@ -317,14 +347,22 @@ void RateEstimator::Observe(double busy_s, uint64_t total_bytes) {
     history_.back().first = busy_s;
   else
     history_.emplace_back(busy_s, total_bytes);
-  if (!have_regime_) regime_ = history_.front(), have_regime_ = true;
+  if (!have_regime_) {
+    regime_ = segment_start_ = history_.front();
+    have_regime_ = true;
+  }
+  if (busy_s - segment_start_.first >= options_.long_s && total_bytes - segment_start_.second >= options_.long_bytes) {
+    segments_.emplace_back(busy_s - segment_start_.first, total_bytes - segment_start_.second);
+    segment_start_ = {busy_s, total_bytes};
+  }
 
   size_t short_start = 0;
   const double short_rate = WindowRate(options_.short_bytes, options_.short_s, &short_start);
   if (short_rate > 0 && rate_ > 0 && short_rate < options_.drop_ratio * rate_) {
     rate_ = short_rate;
     ++drops_;
-    regime_ = history_[short_start];
+    regime_ = segment_start_ = history_[short_start];
+    segments_.clear();
     history_.erase(history_.begin(), history_.begin() + static_cast<std::ptrdiff_t>(short_start));
     return;
   }
@@ -343,6 +381,26 @@ bool RateEstimator::settled() const {
   if (rate_ <= 0 || history_.empty()) return false;
   const auto& [t, b] = history_.back();
   return t - regime_.first >= 2 * options_.short_s && b - regime_.second >= options_.short_bytes;
+}
+
+LinkSpread RateEstimator::spread() const {
+  LinkSpread s;
+  s.segments = static_cast<int>(segments_.size());
+  if (segments_.empty()) return s;
+  double seconds = 0, bytes = 0;
+  for (const auto& [t, b] : segments_) seconds += t, bytes += static_cast<double>(b);
+  const double mean_rate = bytes / seconds;
+  double rate_sq = 0, time_sq = 0;
+  for (const auto& [t, b] : segments_) {
+    const double r = static_cast<double>(b) / t - mean_rate;
+    const double dt = t - static_cast<double>(b) / mean_rate;
+    rate_sq += r * r;
+    time_sq += dt * dt;
+  }
+  const double dof = std::max(s.segments - 1, 1);  // the mean is estimated from them too
+  s.rate_cv = std::sqrt(rate_sq / dof) / mean_rate;
+  s.time_sd_s = std::sqrt(time_sq / dof);
+  return s;
 }
 
 double RateEstimator::WindowRate(uint64_t bytes, double seconds, size_t* start) const {
