@@ -40,6 +40,25 @@
 // deadline infeasible (the whole deadline: the reserve is the margin for
 // the estimate's swings): abandoning one also wastes its received bytes and
 // the link time of its next burst, so small swings must not trigger it.
+//
+// Hedging. Re-issuing cannot save a transfer whose rate falls after most of
+// its bytes went to fine early chunks: what is left needs more time than the
+// deadline leaves even at the coarsest level (1 -> 0.1 Gbit/s after 40 % of
+// level 0's bytes). So while a fall of the link to 1/hedge_drop of its
+// estimate, now, would leave the deadline out of reach even at the coarsest
+// levels, and the best plan still leaves slack, the plan names chunks
+// (latest first) to fetch a backup for: their coarsest frame, requested
+// before the planned ones while the link is fast. Each arrived backup
+// shortens what a fall would leave by a whole coarsest frame (a level-0
+// frame of the same link time, by less than half of one), so the exposure
+// ends soon and the planned requests follow. A chunk with a backup can
+// then be delivered at the backup's level at no further link time (its
+// bytes are already counted), or at a finer level for that level's whole
+// frame. Backups come out of spare slack only: all of them within a third
+// of the spare time the plan leaves (the smaller of the link's and the
+// decoder's: a backup delays the next chunk's decode too), so on a link
+// that holds they cost no quality, and most of the slack stays for the
+// estimate's noise.
 #pragma once
 
 #include <cstddef>
@@ -68,6 +87,14 @@ struct PlannerOptions {
   double reserve = 0.05;
   // Standard deviations of the measured noise the measured margins cover.
   double spread_sigmas = 2.0;
+  // false: always the configured margins (safety, reserve), whatever the
+  // spread measured (the client before measured margins; a baseline).
+  bool measured_margins = true;
+  // false: Plan::hedge stays empty.
+  bool hedge = true;
+  // Hedging insures against the link falling to 1/hedge_drop of its
+  // estimate (<= 1: never hedge).
+  double hedge_drop = 10;
 };
 
 // Spread of the link's goodput, measured over disjoint segments of the
@@ -109,8 +136,14 @@ struct Plan {
   bool feasible = false;  // the planned transfer is expected to end by the deadline
   double expected_s = 0;  // expected time from now to the end
   // Per InFlight entry given to Replan: the coarser level to request that
-  // chunk again at (abandoning the request), or -1 to let it finish.
+  // chunk again at (abandoning the request), or -1 to let it finish. The
+  // level of the chunk's backup (Replan's `backups`) means: abandon it and
+  // use the backup.
   std::vector<int> reissue;
+  // Chunks (not requested yet, latest first) worth a backup now: a request
+  // of the coarsest level, issued early, next to the planned one (see
+  // LevelPlanner, "Hedging").
+  std::vector<uint32_t> hedge;
 };
 
 class LevelPlanner {
@@ -174,6 +207,14 @@ class LevelPlanner {
   // pending_decode_s then covers only chunks fetched and not yet processed.
   Plan Replan(uint32_t first, double elapsed_s, std::span<const InFlight> inflight,
               double pending_decode_s = 0) const;
+  // The same with backups (at most one per chunk, chunks not delivered yet):
+  // requests of a chunk's coarsest level next to its planned one. Their bytes
+  // still to come count as outstanding; chunks >= first and chunks in
+  // `inflight` may use them (Plan::decisions / Plan::reissue at the backup's
+  // level), and the plan may name more (Plan::hedge). pending_decode_s covers
+  // chunks < first that will be delivered from a backup.
+  Plan Replan(uint32_t first, double elapsed_s, std::span<const InFlight> inflight,
+              std::span<const InFlight> backups, double pending_decode_s) const;
 
   size_t size() const { return chunks_.size(); }
   const PlanChunk& chunk(uint32_t i) const { return chunks_[i]; }
@@ -188,9 +229,13 @@ class LevelPlanner {
 
  private:
   uint64_t Bytes(uint32_t c, int level) const;  // at Resolve(c, level)
+  uint64_t FrameBytes(uint32_t c, int level) const;  // at exactly `level`; 0 if absent
+  uint64_t BackupTotal(std::span<const InFlight> backups) const;  // their frames' bytes
   struct Slot;
+  // backup[c]: level of chunk c's backup, -1 = none (its bytes still to come
+  // are in kept_bytes); backup_total: the frame bytes of every backup.
   Plan Solve(uint32_t first, double elapsed_s, uint64_t kept_bytes, std::span<const InFlight> inflight,
-             double pending_decode_s) const;
+             const std::vector<int>& backup, uint64_t backup_total, double pending_decode_s) const;
 
   std::vector<PlanChunk> chunks_;
   PlannerOptions options_;

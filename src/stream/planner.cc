@@ -75,8 +75,8 @@ PlanMargins LevelPlanner::Margins() const {
   const double z = std::max(options_.spread_sigmas, 0.0);
   const double configured_s = options_.reserve * options_.deadline_s;
   PlanMargins m{options_.safety, options_.safety, configured_s};
-  const bool link_known = link_.segments >= kTrustedSamples;
-  const bool decode_known = decode_residuals_ >= kTrustedSamples && decode_any_s_ > 0;
+  const bool link_known = options_.measured_margins && link_.segments >= kTrustedSamples;
+  const bool decode_known = options_.measured_margins && decode_residuals_ >= kTrustedSamples && decode_any_s_ > 0;
   const double hi = std::max(options_.safety, kMaxSafety);
   if (link_known) m.link_safety = std::clamp(1 - z * link_.rate_cv, options_.safety, hi);
   const double decode_sd = decode_known ? std::sqrt(decode_sq_residuals_ / decode_residuals_) : 0;
@@ -114,24 +114,52 @@ uint64_t LevelPlanner::Bytes(uint32_t c, int level) const {
 
 // One chunk still to plan: not requested yet (cur < 0), or in flight at
 // level cur with `left` bytes still to come.
+// A backup (level >= 0) may stand in for it at no further link time.
 struct LevelPlanner::Slot {
   uint32_t c = 0;
   int cur = -1;
   uint64_t left = 0;
+  int backup = -1;
 };
 
 Plan LevelPlanner::Replan(uint32_t first, double elapsed_s, uint64_t outstanding_bytes,
                           double pending_decode_s) const {
-  return Solve(first, elapsed_s, outstanding_bytes, {}, pending_decode_s);
+  return Solve(first, elapsed_s, outstanding_bytes, {}, std::vector<int>(chunks_.size(), -1), 0, pending_decode_s);
 }
 
 Plan LevelPlanner::Replan(uint32_t first, double elapsed_s, std::span<const InFlight> inflight,
                           double pending_decode_s) const {
-  return Solve(first, elapsed_s, 0, inflight, pending_decode_s);
+  return Replan(first, elapsed_s, inflight, {}, pending_decode_s);
+}
+
+Plan LevelPlanner::Replan(uint32_t first, double elapsed_s, std::span<const InFlight> inflight,
+                          std::span<const InFlight> backups, double pending_decode_s) const {
+  std::vector<int> backup(chunks_.size(), -1);
+  uint64_t to_come = 0;
+  for (const InFlight& b : backups) {
+    if (b.chunk >= chunks_.size() || b.level < 0 || b.level >= levels_ || backup[b.chunk] >= 0) continue;
+    const uint64_t size = FrameBytes(b.chunk, b.level);
+    if (size == 0) continue;
+    backup[b.chunk] = b.level;
+    to_come += size > b.received ? size - b.received : 0;
+  }
+  return Solve(first, elapsed_s, to_come, inflight, backup, BackupTotal(backups), pending_decode_s);
+}
+
+uint64_t LevelPlanner::FrameBytes(uint32_t c, int level) const {
+  const std::vector<uint64_t>& b = chunks_[c].level_bytes;
+  return level >= 0 && level < static_cast<int>(b.size()) ? b[level] : 0;
+}
+
+uint64_t LevelPlanner::BackupTotal(std::span<const InFlight> backups) const {
+  uint64_t total = 0;
+  for (const InFlight& b : backups)
+    if (b.chunk < chunks_.size()) total += FrameBytes(b.chunk, b.level);
+  return total;
 }
 
 Plan LevelPlanner::Solve(uint32_t first, double elapsed_s, uint64_t kept_bytes, std::span<const InFlight> inflight,
-                         double pending_decode_s) const {
+                         const std::vector<int>& backup, uint64_t backup_total, double pending_decode_s) const {
   Plan plan;
   const uint32_t n = static_cast<uint32_t>(chunks_.size());
   first = std::min(first, n);
@@ -154,8 +182,8 @@ Plan LevelPlanner::Solve(uint32_t first, double elapsed_s, uint64_t kept_bytes, 
     // the margin for the estimate's swings, and a plan that spent its slack
     // on upgrades turns "infeasible" at the smallest one.
     const double reserve_s = Margins().reserve_s;
-    if (Solve(first, elapsed_s - reserve_s, kept, {}, kept_decode).feasible) {
-      Plan keep = Solve(first, elapsed_s, kept, {}, kept_decode);
+    if (Solve(first, elapsed_s - reserve_s, kept, {}, backup, backup_total, kept_decode).feasible) {
+      Plan keep = Solve(first, elapsed_s, kept, {}, backup, backup_total, kept_decode);
       keep.reissue.assign(inflight.size(), -1);
       return keep;
     }
@@ -164,13 +192,11 @@ Plan LevelPlanner::Solve(uint32_t first, double elapsed_s, uint64_t kept_bytes, 
   std::vector<Slot> slots;
   for (const InFlight& f : inflight) {
     if (f.chunk >= n || f.level < 0 || f.level >= levels_) continue;
-    const uint64_t bytes = f.level < static_cast<int>(chunks_[f.chunk].level_bytes.size())
-                               ? chunks_[f.chunk].level_bytes[f.level]
-                               : 0;
-    slots.push_back({f.chunk, f.level, bytes > f.received ? bytes - f.received : 0});
+    const uint64_t bytes = FrameBytes(f.chunk, f.level);
+    slots.push_back({f.chunk, f.level, bytes > f.received ? bytes - f.received : 0, backup[f.chunk]});
   }
   const size_t n_inflight = slots.size();
-  for (uint32_t c = first; c < n; ++c) slots.push_back({c, -1, 0});
+  for (uint32_t c = first; c < n; ++c) slots.push_back({c, -1, 0, backup[c]});
   std::vector<int> level(slots.size(), -1);
   auto finish = [&] {
     for (size_t i = 0, k = 0; i < inflight.size(); ++i) {
@@ -211,14 +237,16 @@ Plan LevelPlanner::Solve(uint32_t first, double elapsed_s, uint64_t kept_bytes, 
     return l < static_cast<int>(chunks_[s.c].level_bytes.size()) && chunks_[s.c].level_bytes[l] > 0 &&
            static_cast<double>(chunks_[s.c].level_bytes[l]) < kReissueGain * static_cast<double>(s.left);
   };
-  // Level of slot s in a plan at uniform level L (-1: recompute).
+  // Level of slot s in a plan at uniform level L (-1: recompute); a backup
+  // stands in for its level and every coarser one.
   auto level_at = [&](const Slot& s, int L) {
     const int l = Resolve(s.c, L);
+    if (s.backup >= 0 && l >= s.backup) return s.backup;
     if (s.cur < 0) return l;
     return l > s.cur && reissuable(s, l) ? l : s.cur;
   };
   auto bytes_at = [&](const Slot& s, int l) -> uint64_t {
-    if (l < 0) return 0;
+    if (l < 0 || l == s.backup) return 0;  // a backup's bytes are in kept_bytes
     return l == s.cur ? s.left : Bytes(s.c, l);
   };
   auto decode_at = [&](const Slot& s, int l) { return l < 0 ? 0.0 : DecodeSeconds(s.c, l); };
@@ -287,6 +315,40 @@ Plan LevelPlanner::Solve(uint32_t first, double elapsed_s, uint64_t kept_bytes, 
     if (L > 0) upgrade(byte_budget - static_cast<double>(total), decode_budget - decode, &total, &decode);
     plan.feasible = true;
     plan.expected_s = expected(total, decode, forced_tokens);
+    // Hedging (planner.h): backups of the coarsest level for the latest
+    // chunks not requested yet and planned finer, while the spare time is at
+    // least 3 x the new backup's link time + 2 x every backup's so far. The
+    // spare before any backup was spare + backups so far (each took its time
+    // from it): so all backups together stay within a third of it, the rest
+    // is left to the estimate's noise. The spare is the smaller of the two
+    // stages': a backup also delays the decoder's next chunk by its link
+    // time.
+    double spare_s = std::min((byte_budget - static_cast<double>(total)) / bw, (decode_budget - decode) / dsafety);
+    double backups_s = static_cast<double>(backup_total) / bw;
+    // Only while a drop to 1/hedge_drop of the estimate, now, would make the
+    // deadline unreachable even at the coarsest levels (what is still to
+    // come of backups and requests in flight included): the insurance
+    // bought is what the deadline needs, not what the slack allows.
+    double coarse = static_cast<double>(kept_bytes);
+    for (const Slot& s : slots) {
+      const int b = Coarsest(s.c);
+      if (s.cur >= 0)
+        coarse += static_cast<double>(std::min<uint64_t>(s.left, b >= 0 ? FrameBytes(s.c, b) : s.left));
+      else if (s.backup < 0 && b >= 0)
+        coarse += static_cast<double>(FrameBytes(s.c, b));
+    }
+    const bool exposed =
+        options_.hedge && options_.hedge_drop > 1 && coarse / (bw / options_.hedge_drop) + tail_s_ > left - forced_s;
+    for (size_t k = slots.size(); exposed && k-- > n_inflight;) {
+      const Slot& s = slots[k];
+      const int b = Coarsest(s.c);
+      if (s.backup >= 0 || level[k] < 0 || b < 0 || level[k] >= b) continue;
+      const double link_s = static_cast<double>(FrameBytes(s.c, b)) / bw;
+      if (3 * link_s + 2 * backups_s > spare_s) break;
+      plan.hedge.push_back(s.c);
+      spare_s -= link_s;
+      backups_s += link_s;
+    }
     return finish();
   }
 

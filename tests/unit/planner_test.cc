@@ -404,6 +404,80 @@ TEST(Planner, MeasuredNoiseNeverWidensBeyondTheConfiguredMargins) {
   EXPECT_DOUBLE_EQ(p.Margins().decode_safety, 0.9);
 }
 
+TEST(Planner, HedgesTheLatestChunksFromSpareSlackOnly) {
+  // 8 chunks, 10 MB/s: level 0 takes 0.8 s. Deadline 1.2 s: 0.4 s spare. A
+  // fall to 1 MB/s now would leave 3.4 s of coarsest frames: exposed. A
+  // backup (the coarsest frame, 42 ms of link) is named while the spare is
+  // at least 3 x its time + 2 x the backups' before it: chunks 7, 6 and 5
+  // (127 ms, within a third of the spare), latest first. Levels are not
+  // touched.
+  LevelPlanner p(Chunks(8), Opts(1.2, 1e7));
+  const Plan plan = p.Replan(0, 0, 0);
+  ASSERT_TRUE(plan.feasible);
+  EXPECT_TRUE(AllFinest(plan));
+  EXPECT_EQ(plan.hedge, (std::vector<uint32_t>{7, 6, 5}));
+  // With those out (nothing arrived yet), the next plan names no more: all
+  // backups stay within a third of the spare they came from.
+  const std::vector<InFlight> backups = {{7, 3, 0}, {6, 3, 0}, {5, 3, 0}};
+  const Plan next = p.Replan(0, 0, {}, backups, 0);
+  EXPECT_TRUE(next.feasible);
+  EXPECT_TRUE(AllFinest(next)) << "a backup is not the plan's level while the finer frame fits";
+  EXPECT_TRUE(next.hedge.empty());
+  // A plan without spare names none; a loose one names every chunk.
+  EXPECT_TRUE(LevelPlanner(Chunks(8), Opts(0.82, 1e7)).Replan(0, 0, 0).hedge.empty());
+  EXPECT_EQ(LevelPlanner(Chunks(8), Opts(2.0, 1e7)).Replan(0, 0, 0).hedge.size(), 8u);
+  // A chunk planned at its coarsest level gets no backup (it would be the
+  // same frame): 8 chunks at level 3 (3.4 MB) in a 0.36 s plan at 10 MB/s.
+  EXPECT_TRUE(LevelPlanner(Chunks(8), Opts(0.36, 1e7)).Replan(0, 0, 0).hedge.empty());
+  // Not exposed: with 5 s, even a fall to 1 MB/s leaves time for the
+  // coarsest frames (3.4 s), so the slack buys nothing.
+  EXPECT_TRUE(LevelPlanner(Chunks(8), Opts(5.0, 1e7)).Replan(0, 0, 0).hedge.empty());
+  // Exposed to a fall to a third (1.1 s of coarsest frames) with 1.2 s only
+  // when the insured fall is deeper than that.
+  PlannerOptions o = Opts(1.2, 1e7);
+  o.hedge_drop = 3;
+  EXPECT_TRUE(LevelPlanner(Chunks(8), o).Replan(0, 0, 0).hedge.empty());
+  o.hedge_drop = 4;
+  EXPECT_FALSE(LevelPlanner(Chunks(8), o).Replan(0, 0, 0).hedge.empty());
+  o.hedge = false;
+  EXPECT_TRUE(LevelPlanner(Chunks(8), o).Replan(0, 0, 0).hedge.empty());
+}
+
+TEST(Planner, BackupsStandInWhenTheRateFalls) {
+  // 8 chunks, deadline 1 s; chunks 0-4 are done at 0.5 s when the link falls
+  // to 1 MB/s: 0.5 MB of transfer left. Without backups the three chunks
+  // left need 1.27 MB at the coarsest level: late. With the backups of
+  // chunks 6 and 7 arrived, chunk 5 at level 3 (0.42 MB) fits and 6 and 7
+  // are delivered from their backups.
+  LevelPlanner p(Chunks(8), Opts(1.0, 1e6));
+  EXPECT_FALSE(p.Replan(5, 0.5, 0).feasible);
+  const std::vector<InFlight> backups = {{6, 3, 421875}, {7, 3, 421875}};
+  const Plan plan = p.Replan(5, 0.5, {}, backups, 0);
+  EXPECT_TRUE(plan.feasible);
+  ASSERT_EQ(plan.decisions.size(), 3u);
+  for (auto d : plan.decisions) EXPECT_EQ(d.level, 3);
+  EXPECT_NEAR(plan.expected_s, 0.421875, 1e-9);
+  // The backups' bytes still to come count: with both just requested the
+  // same plan is late.
+  const std::vector<InFlight> requested = {{6, 3, 0}, {7, 3, 0}};
+  EXPECT_FALSE(p.Replan(5, 0.5, {}, requested, 0).feasible);
+
+  // A request in flight at level 0 (1 MB to come) for a chunk whose backup
+  // has arrived: it is abandoned for the backup (Plan::reissue at the
+  // backup's level), not re-issued at a level that costs more link time.
+  const std::vector<InFlight> flight = {{6, 0, 0}};
+  const Plan drop = p.Replan(7, 0.5, flight, backups, 0);
+  EXPECT_TRUE(drop.feasible);
+  ASSERT_EQ(drop.reissue.size(), 1u);
+  EXPECT_EQ(drop.reissue[0], 3);
+  EXPECT_EQ(drop.decisions[0].level, 3);
+  // With time for it, the request is kept and the backup goes unused.
+  LevelPlanner loose(Chunks(8), Opts(3.0, 1e6));
+  const Plan keep = loose.Replan(7, 0.5, flight, backups, 0);
+  EXPECT_EQ(keep.reissue[0], -1);
+  EXPECT_EQ(keep.decisions[0].level, 0) << "a finer frame still fits: the backup is not used";
+}
+
 TEST(Planner, RecomputesLateChunksWhenCheaper) {
   // 8 chunks, coarsest 0.42 MB each = 3.4 MB at 1 MB/s = 3.4 s; deadline 2 s.
   // Recompute at 2000 tokens/s = 0.128 s per chunk < 0.42 s fetch: five late
