@@ -325,10 +325,11 @@ Plan LevelPlanner::Solve(uint32_t first, double elapsed_s, uint64_t kept_bytes, 
     // time.
     double spare_s = std::min((byte_budget - static_cast<double>(total)) / bw, (decode_budget - decode) / dsafety);
     double backups_s = static_cast<double>(backup_total) / bw;
-    // Only while a drop to 1/hedge_drop of the estimate, now, would make the
-    // deadline unreachable even at the coarsest levels (what is still to
-    // come of backups and requests in flight included): the insurance
-    // bought is what the deadline needs, not what the slack allows.
+    // Only while a drop to 1/hedge_drop of the estimate (not derated: the
+    // factor is the margin here), now, would make the deadline unreachable
+    // even at the coarsest levels (what is still to come of backups and
+    // requests in flight included): the insurance bought is what the
+    // deadline needs, not what the slack allows.
     double coarse = static_cast<double>(kept_bytes);
     for (const Slot& s : slots) {
       const int b = Coarsest(s.c);
@@ -337,8 +338,8 @@ Plan LevelPlanner::Solve(uint32_t first, double elapsed_s, uint64_t kept_bytes, 
       else if (s.backup < 0 && b >= 0)
         coarse += static_cast<double>(FrameBytes(s.c, b));
     }
-    const bool exposed =
-        options_.hedge && options_.hedge_drop > 1 && coarse / (bw / options_.hedge_drop) + tail_s_ > left - forced_s;
+    const bool exposed = options_.hedge && options_.hedge_drop > 1 &&
+                         coarse / (bandwidth_ / options_.hedge_drop) + tail_s_ > left - forced_s;
     for (size_t k = slots.size(); exposed && k-- > n_inflight;) {
       const Slot& s = slots[k];
       const int b = Coarsest(s.c);
