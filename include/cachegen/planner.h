@@ -46,7 +46,9 @@
 // deadline leaves even at the coarsest level (1 -> 0.1 Gbit/s after 40 % of
 // level 0's bytes). So while a fall of the link to 1/hedge_drop of its
 // estimate, now, would leave the deadline out of reach even at the coarsest
-// levels, and the best plan still leaves slack, the plan names chunks
+// levels, the link is the slower stage (on a decode-bound transfer a backup
+// costs mostly client CPU, which the model does not count), and the best
+// plan still leaves slack, the plan names chunks
 // (latest first) to fetch a backup for: their coarsest frame, requested
 // before the planned ones while the link is fast. Each arrived backup
 // shortens what a fall would leave by a whole coarsest frame (a level-0

@@ -441,6 +441,17 @@ TEST(Planner, HedgesTheLatestChunksFromSpareSlackOnly) {
   EXPECT_FALSE(LevelPlanner(Chunks(8), o).Replan(0, 0, 0).hedge.empty());
   o.hedge = false;
   EXPECT_TRUE(LevelPlanner(Chunks(8), o).Replan(0, 0, 0).hedge.empty());
+  // Decode-bound (130 ms per chunk: 1.04 s of decode against 0.93 s of
+  // transfer and the last decode): no backups, though exposed and with
+  // spare time on both stages (0.16 s on the decoder's).
+  LevelPlanner slow_decoder(Chunks(8), Opts(1.2, 1e7));
+  for (int i = 0; i < 4; ++i) slow_decoder.OnProcessed(0.130, 0);
+  const Plan bound = slow_decoder.Replan(0, 0, 0);
+  EXPECT_TRUE(bound.feasible);
+  EXPECT_TRUE(bound.hedge.empty());
+  LevelPlanner fast_decoder(Chunks(8), Opts(1.2, 1e7));
+  for (int i = 0; i < 4; ++i) fast_decoder.OnProcessed(0.010, 0);
+  EXPECT_FALSE(fast_decoder.Replan(0, 0, 0).hedge.empty());
 }
 
 TEST(Planner, BackupsStandInWhenTheRateFalls) {
