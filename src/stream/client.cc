@@ -295,7 +295,8 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
         t = send(t->chunk, plan.reissue[i]);
       }
     }
-    for (size_t k = to_backup.size(); k-- > 0;) flight.erase(flight.begin() + static_cast<std::ptrdiff_t>(to_backup[k]));
+    for (size_t k = to_backup.size(); k-- > 0;)
+      flight.erase(flight.begin() + static_cast<std::ptrdiff_t>(to_backup[k]));
   };
   auto issue = [&] {  // while there is room; while the bandwidth is unknown, one probe
     while (next_issue < n && flight.size() + open_backups() < options.inflight &&

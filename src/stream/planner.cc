@@ -342,7 +342,8 @@ Plan LevelPlanner::Solve(uint32_t first, double elapsed_s, uint64_t kept_bytes, 
     // mostly the client's CPU (one more request to receive), which the
     // plan does not model (measured at 10 Gbit/s: 1-2 backups per fetch,
     // and the median later than the client without them).
-    const bool link_bound = static_cast<double>(kept_bytes + total) / bw + tail_s_ >= (pending_decode_s + decode) / dsafety;
+    const bool link_bound =
+        static_cast<double>(kept_bytes + total) / bw + tail_s_ >= (pending_decode_s + decode) / dsafety;
     const bool exposed = options_.hedge && options_.hedge_drop > 1 && link_bound &&
                          coarse / (bandwidth_ / options_.hedge_drop) + tail_s_ > left - forced_s;
     for (size_t k = slots.size(); exposed && k-- > n_inflight;) {
