@@ -40,6 +40,27 @@
 // deadline infeasible (the whole deadline: the reserve is the margin for
 // the estimate's swings): abandoning one also wastes its received bytes and
 // the link time of its next burst, so small swings must not trigger it.
+//
+// Hedging. Re-issuing cannot save a transfer whose rate falls after most of
+// its bytes went to fine early chunks: what is left needs more time than the
+// deadline leaves even at the coarsest level (1 -> 0.1 Gbit/s after 40 % of
+// level 0's bytes). So while a fall of the link to 1/hedge_drop of its
+// estimate, now, would leave the deadline out of reach even at the coarsest
+// levels, the link is the slower stage (on a decode-bound transfer a backup
+// costs mostly client CPU, which the model does not count), and the best
+// plan still leaves slack, the plan names chunks
+// (latest first) to fetch a backup for: their coarsest frame, requested
+// before the planned ones while the link is fast. Each arrived backup
+// shortens what a fall would leave by a whole coarsest frame (a level-0
+// frame of the same link time, by less than half of one), so the exposure
+// ends soon and the planned requests follow. A chunk with a backup can
+// then be delivered at the backup's level at no further link time (its
+// bytes are already counted), or at a finer level for that level's whole
+// frame. Backups come out of spare slack only: all of them within a third
+// of the spare time the plan leaves (the smaller of the link's and the
+// decoder's: a backup delays the next chunk's decode too), so on a link
+// that holds they cost no quality, and most of the slack stays for the
+// estimate's noise.
 #pragma once
 
 #include <cstddef>
@@ -56,11 +77,41 @@ struct PlannerOptions {
   double recompute_tokens_per_s = 0;     // 0: never recompute
   double initial_bandwidth_bytes_s = 0;  // prior estimate; 0 = unknown
   double smoothing = 0.5;                // weight of the newest bandwidth sample (EWMA)
-  double safety = 0.9;                   // plan to use this share of the estimated bandwidth
-  // Share of the deadline kept free at the end. Replanning after every chunk
-  // spends each plan's slack, so without it the transfer converges onto the
-  // deadline and the last chunk's noise decides.
+  // Share of the estimated bandwidth (and of the decoder's estimated speed)
+  // the plan may use while the spread of either is unknown; the most
+  // conservative derating used (see LevelPlanner::Margins).
+  double safety = 0.9;
+  // Share of the deadline kept free at the end, at most. Replanning after
+  // every chunk spends each plan's slack, so without it the transfer
+  // converges onto the deadline and the last chunk's noise decides. Once the
+  // spread of the link and of decode times is measured, the reserve is sized
+  // from it instead (never above this share).
   double reserve = 0.05;
+  // Standard deviations of the measured noise the measured margins cover.
+  double spread_sigmas = 2.0;
+  // false: always the configured margins (safety, reserve), whatever the
+  // spread measured (the client before measured margins; a baseline).
+  bool measured_margins = true;
+  // false: Plan::hedge stays empty.
+  bool hedge = true;
+  // Hedging insures against the link falling to 1/hedge_drop of its
+  // estimate (<= 1: never hedge).
+  double hedge_drop = 10;
+};
+
+// Spread of the link's goodput, measured over disjoint segments of the
+// current rate regime (RateEstimator::spread).
+struct LinkSpread {
+  int segments = 0;       // segments measured; 0 = unknown
+  double rate_cv = 0;     // standard deviation of the segments' rates / their mean
+  double time_sd_s = 0;   // standard deviation of a segment's duration around bytes / mean rate
+};
+
+// The margins a plan keeps (LevelPlanner::Margins).
+struct PlanMargins {
+  double link_safety = 1;    // share of the estimated bandwidth used
+  double decode_safety = 1;  // share of the estimated decoder speed used
+  double reserve_s = 0;      // time kept free before the deadline
 };
 
 // A request issued and not delivered yet.
@@ -87,8 +138,14 @@ struct Plan {
   bool feasible = false;  // the planned transfer is expected to end by the deadline
   double expected_s = 0;  // expected time from now to the end
   // Per InFlight entry given to Replan: the coarser level to request that
-  // chunk again at (abandoning the request), or -1 to let it finish.
+  // chunk again at (abandoning the request), or -1 to let it finish. The
+  // level of the chunk's backup (Replan's `backups`) means: abandon it and
+  // use the backup.
   std::vector<int> reissue;
+  // Chunks (not requested yet, latest first) worth a backup now: a request
+  // of the coarsest level, issued early, next to the planned one (see
+  // LevelPlanner, "Hedging").
+  std::vector<uint32_t> hedge;
 };
 
 class LevelPlanner {
@@ -115,6 +172,23 @@ class LevelPlanner {
   // before any chunk was processed.
   double DecodeSeconds(uint32_t c, int level) const;
 
+  // The link's measured spread (RateEstimator::spread); margins follow it
+  // once it covers 3 segments.
+  void SetLinkSpread(const LinkSpread& spread) { link_ = spread; }
+  // The margins the next plan keeps. Until the spread of the link and of
+  // decode times has been measured (3 segments, and 3 decode times each
+  // after an earlier one at its level), the configured ones: `safety` on both stages and `reserve`
+  // of the deadline. Then, with z = spread_sigmas, the link's derating is
+  // 1 - z * rate_cv, the decoder's 1 - z * (decode time's standard deviation
+  // / its mean), neither below `safety` nor above 0.99; the reserve is z
+  // standard deviations of the end's noise (a segment's timing and one
+  // decode, independent) plus 0.5 % of the deadline, never above the
+  // configured share. On a steady link (a token bucket: its rate is exact,
+  // its bursts a few ms) the fixed margins made the client end tens of ms
+  // early at a coarser level than a fixed client that met the deadline by
+  // 3 %; on a noisy one the measured margins are the configured ones.
+  PlanMargins Margins() const;
+
   // Estimated bandwidth in bytes/s; 0 while unknown.
   double bandwidth() const { return bandwidth_; }
   double tail_s() const { return tail_s_; }
@@ -135,6 +209,14 @@ class LevelPlanner {
   // pending_decode_s then covers only chunks fetched and not yet processed.
   Plan Replan(uint32_t first, double elapsed_s, std::span<const InFlight> inflight,
               double pending_decode_s = 0) const;
+  // The same with backups (at most one per chunk, chunks not delivered yet):
+  // requests of a chunk's coarsest level next to its planned one. Their bytes
+  // still to come count as outstanding; chunks >= first and chunks in
+  // `inflight` may use them (Plan::decisions / Plan::reissue at the backup's
+  // level), and the plan may name more (Plan::hedge). pending_decode_s covers
+  // chunks < first that will be delivered from a backup.
+  Plan Replan(uint32_t first, double elapsed_s, std::span<const InFlight> inflight,
+              std::span<const InFlight> backups, double pending_decode_s) const;
 
   size_t size() const { return chunks_.size(); }
   const PlanChunk& chunk(uint32_t i) const { return chunks_[i]; }
@@ -149,9 +231,13 @@ class LevelPlanner {
 
  private:
   uint64_t Bytes(uint32_t c, int level) const;  // at Resolve(c, level)
+  uint64_t FrameBytes(uint32_t c, int level) const;  // at exactly `level`; 0 if absent
+  uint64_t BackupTotal(std::span<const InFlight> backups) const;  // their frames' bytes
   struct Slot;
+  // backup[c]: level of chunk c's backup, -1 = none (its bytes still to come
+  // are in kept_bytes); backup_total: the frame bytes of every backup.
   Plan Solve(uint32_t first, double elapsed_s, uint64_t kept_bytes, std::span<const InFlight> inflight,
-             double pending_decode_s) const;
+             const std::vector<int>& backup, uint64_t backup_total, double pending_decode_s) const;
 
   std::vector<PlanChunk> chunks_;
   PlannerOptions options_;
@@ -163,6 +249,9 @@ class LevelPlanner {
   std::vector<int> decode_seen_;     // samples per level
   double decode_any_s_ = 0;          // smoothed over every level
   int decode_samples_ = 0;
+  double decode_sq_residuals_ = 0;   // sum of (sample - its level's estimate before it)^2
+  int decode_residuals_ = 0;
+  LinkSpread link_;
   static constexpr int kTrustedSamples = 3;
   std::vector<double> level_total_;  // bytes of all chunks per level
 };
@@ -177,7 +266,9 @@ class LevelPlanner {
 // seconds: a shaped link delivers in bursts, and a window of k bursts
 // measures the rate within about 1/k; the time floor keeps a stall of the
 // reading threads (CPU contention) on a fast link from reading as a drop.
-// Until the long window is full the short one answers. Pure logic: no clocks.
+// Until the long window is full the short one answers. The spread of the
+// rate is measured over disjoint segments (each at least the long window's
+// bytes and seconds) since the regime began. Pure logic: no clocks.
 class RateEstimator {
  public:
   struct Options {
@@ -202,6 +293,9 @@ class RateEstimator {
   // threads more often than a change of the link. Costly reactions (abandoning
   // requests) wait for it; the estimate itself follows at once.
   bool settled() const;
+  // Spread of the segments' rates and durations in the current regime (a
+  // drop starts a new one); segments = 0 before the first.
+  LinkSpread spread() const;
 
  private:
   // Rate over the newest window of at least `bytes` and `seconds` (its first
@@ -211,6 +305,8 @@ class RateEstimator {
   std::deque<std::pair<double, uint64_t>> history_;  // (busy_s, total), oldest first
   std::pair<double, uint64_t> regime_{0, 0};          // where the current estimate's regime began
   bool have_regime_ = false;
+  std::pair<double, uint64_t> segment_start_{0, 0};       // where the segment being measured began
+  std::vector<std::pair<double, uint64_t>> segments_;  // (seconds, bytes) of the regime's segments
   double rate_ = 0;
   int drops_ = 0;
 };

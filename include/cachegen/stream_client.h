@@ -50,8 +50,10 @@ struct StreamOptions {
   int fixed_level = -1;                // >= 0: always this level (no adaptation; a baseline)
   double initial_bandwidth_bytes_s = 0;  // prior; 0 = unknown (the first chunk alone probes, at the finest level)
   double smoothing = 0.5;              // EWMA weight of the newest bandwidth sample
-  double safety = 0.9;                 // share of the estimated bandwidth the plan may use
-  double reserve = 0.05;               // share of the deadline the plan keeps free (PlannerOptions::reserve)
+  double safety = 0.9;    // share of the estimated bandwidth the plan may use, at least (PlannerOptions::safety)
+  double reserve = 0.05;  // share of the deadline the plan keeps free, at most (PlannerOptions::reserve)
+  bool measured_margins = true;  // margins from the measured spread (PlannerOptions::measured_margins)
+  bool hedge = true;             // backups of late chunks from spare slack (PlannerOptions::hedge)
   uint32_t levels = kMaxChunkLevels;   // levels to look up per chunk
   uint32_t decode_threads = 1;
   DType dtype = DType::kF16;           // dtype of the delivered tensors
@@ -78,8 +80,10 @@ struct StreamResult {
   double decode_ms = 0;             // summed decode time of delivered chunks (overlaps transfers)
   bool deadline_met = false;
   double bandwidth_bytes_s = 0;  // final estimate
-  uint32_t reissued = 0;         // requests abandoned and re-issued at a coarser level
+  uint32_t reissued = 0;         // requests abandoned and re-issued at a coarser level (or for a backup)
   uint64_t abandoned_bytes = 0;  // bytes those had received (moved over the link, not delivered)
+  uint32_t backups = 0;          // backup requests (hedging: a chunk's coarsest level, next to its planned one)
+  uint32_t from_backup = 0;      // chunks delivered from their backup
 };
 
 class StreamClient {

@@ -185,6 +185,8 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
   popts.smoothing = options.smoothing;
   popts.safety = options.safety;
   popts.reserve = options.reserve;
+  popts.measured_margins = options.measured_margins;
+  popts.hedge = options.hedge;
   LevelPlanner planner(std::move(plan_chunks), popts);
   const bool adaptive = options.fixed_level < 0;
 
@@ -196,6 +198,14 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
   std::vector<int> issued_level(n, -1);
   std::vector<bool> reissued(n, false);
   std::vector<std::shared_ptr<Ticket>> flight;  // requests outstanding, in chunk order
+  // Backups (hedging, LevelPlanner): at most one per chunk, its coarsest
+  // level, requested next to the planned requests while slack allows.
+  std::vector<std::shared_ptr<Ticket>> backup(n);
+  std::vector<std::optional<Done>> backup_ready(n);
+  std::vector<bool> backup_open(n, false);    // requested, not finished
+  std::vector<bool> backup_failed(n, false);  // finished without a frame, not cancelled
+  std::vector<bool> backup_dropped(n, false); // cancelled: the planned frame came
+  std::vector<bool> use_backup(n, false);     // chunk to be delivered from its backup
   uint32_t next_issue = 0, next_deliver = 0;
   RateEstimator rate;
   Clock::time_point first_issue{};
@@ -218,23 +228,57 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
     if (!issued_any) return;
     rate.Observe(fetcher.BusySeconds(first_issue, Clock::now()), fetcher.received());
     planner.SetBandwidth(rate.rate());
+    planner.SetLinkSpread(rate.spread());
   };
   auto in_flight = [&] {
     std::vector<InFlight> v;
     for (const auto& t : flight) v.push_back({t->chunk, static_cast<int>(t->level), t->received.load()});
     return v;
   };
-  auto pending_decode = [&] {  // fetched, not yet decoded
+  // Every backup but failed ones: the planner counts them all against the
+  // slack (dropped and finished ones with nothing more to come; a dropped
+  // one's chunk has its planned frame, so the planner offers it no more).
+  auto backups = [&] {
+    std::vector<InFlight> v;
+    for (uint32_t c = 0; c < n; ++c) {
+      if (!backup[c] || backup_failed[c]) continue;
+      const int level = static_cast<int>(backup[c]->level);
+      const bool more = backup_open[c] && !backup_dropped[c];
+      v.push_back({c, level, more ? backup[c]->received.load() : frame_bytes(c, level)});
+    }
+    return v;
+  };
+  auto pending_decode = [&] {  // fetched (or to come from a backup), not yet decoded
     double s = 0;
-    for (uint32_t c = next_deliver; c < next_issue; ++c)
-      if (ready[c] && !skipped[c]) s += planner.DecodeSeconds(c, issued_level[c]);
+    for (uint32_t c = next_deliver; c < next_issue; ++c) {
+      if (skipped[c]) continue;
+      if (ready[c]) s += planner.DecodeSeconds(c, issued_level[c]);
+      else if (use_backup[c]) s += planner.DecodeSeconds(c, static_cast<int>(backup[c]->level));
+    }
     return s;
+  };
+  auto open_backups = [&] {
+    uint32_t k = 0;
+    for (uint32_t c = next_deliver; c < n; ++c) k += backup_open[c];
+    return k;
+  };
+  // A chunk whose planned frame arrived needs its backup no more.
+  auto drop_backup = [&](uint32_t c) {
+    if (!backup[c] || !backup_open[c] || backup_dropped[c]) return;
+    backup_dropped[c] = true;
+    backup[c]->cancel = true;
+    result.abandoned_bytes += backup[c]->received.load();
+  };
+  auto has_backup = [&](uint32_t c, int level) {
+    return backup[c] && !backup_failed[c] && !backup_dropped[c] && static_cast<int>(backup[c]->level) == level;
   };
   // Adaptive: abandon requests in flight that the deadline needs at a
   // coarser level, and request those chunks again.
   auto reissue = [&] {
     if (!adaptive || flight.empty() || planner.bandwidth() <= 0 || !rate.settled()) return;
-    const Plan plan = planner.Replan(next_issue, Seconds(t0, Clock::now()), in_flight(), pending_decode());
+    const Plan plan =
+        planner.Replan(next_issue, Seconds(t0, Clock::now()), in_flight(), backups(), pending_decode());
+    std::vector<size_t> to_backup;  // requests given up for their chunk's backup
     for (size_t i = 0; i < plan.reissue.size(); ++i) {
       std::shared_ptr<Ticket>& t = flight[i];
       // Once per chunk: a chunk already re-issued for a drop keeps its
@@ -244,13 +288,21 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
       t->cancel = true;
       ++result.reissued;
       result.abandoned_bytes += t->received.load();
-      t = send(t->chunk, plan.reissue[i]);
+      if (has_backup(t->chunk, plan.reissue[i])) {
+        use_backup[t->chunk] = true;
+        to_backup.push_back(i);
+      } else {
+        t = send(t->chunk, plan.reissue[i]);
+      }
     }
+    for (size_t k = to_backup.size(); k-- > 0;)
+      flight.erase(flight.begin() + static_cast<std::ptrdiff_t>(to_backup[k]));
   };
   auto issue = [&] {  // while there is room; while the bandwidth is unknown, one probe
-    while (next_issue < n && flight.size() < options.inflight && next_issue - next_deliver < options.read_ahead &&
-           (!adaptive || planner.bandwidth() > 0 || flight.empty())) {
+    while (next_issue < n && flight.size() + open_backups() < options.inflight &&
+           next_issue - next_deliver < options.read_ahead && (!adaptive || planner.bandwidth() > 0 || flight.empty())) {
       int level;
+      int hedge = -1;
       if (!adaptive) {
         level = planner.Resolve(next_issue, options.fixed_level);
       } else {
@@ -259,39 +311,93 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
         // between the first's completion and the next request (with one, a
         // slow link idles for a decode per chunk).
         uint64_t outstanding = 0;
-        for (const auto& t : flight) {
+        auto add = [&](const std::shared_ptr<Ticket>& t) {
           const uint64_t b = frame_bytes(t->chunk, static_cast<int>(t->level)), r = t->received.load();
           outstanding += b > r ? b - r : 0;
-        }
-        if (flight.size() >= 2 && static_cast<double>(outstanding) / planner.bandwidth() * 1000.0 >= options.queue_ms)
+        };
+        for (const auto& t : flight) add(t);
+        for (uint32_t c = next_deliver; c < n; ++c)
+          if (backup_open[c]) add(backup[c]);
+        if (flight.size() + open_backups() >= 2 &&
+            static_cast<double>(outstanding) / planner.bandwidth() * 1000.0 >= options.queue_ms)
           break;
-        const Plan plan = planner.Replan(next_issue, Seconds(t0, Clock::now()), in_flight(), pending_decode());
+        const Plan plan =
+            planner.Replan(next_issue, Seconds(t0, Clock::now()), in_flight(), backups(), pending_decode());
         level = plan.decisions[0].level;
+        // The latest chunk named first; next_issue is requested now anyway.
+        for (uint32_t c : plan.hedge)
+          if (c != next_issue) {
+            hedge = static_cast<int>(c);
+            break;
+          }
+      }
+      if (level >= 0 && has_backup(next_issue, level)) {  // planned at its backup's level
+        use_backup[next_issue] = true;
+        ++next_issue;
+        continue;
       }
       if (level < 0) {
         skipped[next_issue] = true;
+        drop_backup(next_issue);
         ++next_issue;
         continue;
+      }
+      if (hedge >= 0) {
+        const uint32_t c = static_cast<uint32_t>(hedge);
+        backup[c] = fetcher.Issue(c, static_cast<uint32_t>(planner.Coarsest(c)));
+        backup_open[c] = true;
+        ++result.backups;
+        continue;  // backups first (LevelPlanner, "Hedging"); the planned request next time round
       }
       flight.push_back(send(next_issue, level));
       ++next_issue;
     }
   };
   auto complete = [&](Done d) {
+    const uint32_t c = d.ticket->chunk;
+    if (d.ticket == backup[c]) {
+      backup_open[c] = false;
+      if (backup_dropped[c]) return;  // its bytes are counted as abandoned
+      if (!d.frame.ok()) {
+        backup_failed[c] = true;
+        return;
+      }
+      result.bytes += d.frame->size();
+      if (ready[c] || next_deliver > c) return;  // not needed any more
+      backup_ready[c] = std::move(d);
+      return;
+    }
     auto it = std::find(flight.begin(), flight.end(), d.ticket);
     if (it == flight.end()) return;  // abandoned and re-issued
     flight.erase(it);
-    if (d.frame.ok()) result.bytes += d.frame->size();
-    ready[d.ticket->chunk] = std::move(d);
+    if (!d.frame.ok() && backup[c] && !backup_failed[c] && !backup_dropped[c]) {
+      use_backup[c] = true;  // the backup stands in for a failed request
+      return;
+    }
+    if (d.frame.ok()) {
+      result.bytes += d.frame->size();
+      drop_backup(c);
+      backup_ready[c].reset();
+    }
+    ready[c] = std::move(d);
   };
   // Decodes and hands over chunk next_deliver when it is there; false if not.
   auto deliver_one = [&]() -> bool {
-    if (next_deliver >= n || next_deliver >= next_issue || !(skipped[next_deliver] || ready[next_deliver]))
-      return false;
+    if (next_deliver >= n || next_deliver >= next_issue) return false;
+    const uint32_t c = next_deliver;
+    const bool from_backup = !ready[c] && use_backup[c];
+    if (!skipped[c] && !ready[c] && !(from_backup && (backup_ready[c] || backup_failed[c]))) return false;
     const uint32_t i = next_deliver++;
     if (skipped[i]) return true;
-    Done d = std::move(*ready[i]);
+    if (from_backup && !backup_ready[i]) {
+      fail(i, "backup request failed");
+      return true;
+    }
+    Done d = std::move(from_backup ? *backup_ready[i] : *ready[i]);
     ready[i].reset();
+    backup_ready[i].reset();
+    drop_backup(i);
+    if (from_backup) ++result.from_backup;
     if (!d.frame.ok()) {
       fail(i, d.frame.status().ToString());
       return true;
@@ -333,7 +439,7 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
     reissue();
     issue();
     if (deliver_one()) continue;
-    if (flight.empty()) continue;  // everything left was skipped or is issuable
+    if (flight.empty() && open_backups() == 0) continue;  // everything left was skipped or is issuable
     if (auto r = fetcher.Next(kTickS)) complete(std::move(*r));
   }
   for (uint32_t i = 0; i < n; ++i)

@@ -1,6 +1,7 @@
 #include "cachegen/planner.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 namespace cachegen {
@@ -38,6 +39,13 @@ void LevelPlanner::OnProcessed(double seconds, int level) {
   tail_s_ = ewma(tail_s_, have_tail_);
   have_tail_ = true;
   if (level >= 0 && level < levels_) {
+    // The spread: each time against its level's estimate before it (the
+    // noise the plan meets), not against the mean of every level.
+    if (decode_seen_[level] > 0) {
+      const double r = seconds - decode_s_[level];
+      decode_sq_residuals_ += r * r;
+      ++decode_residuals_;
+    }
     decode_s_[level] = ewma(decode_s_[level], decode_seen_[level] > 0);
     ++decode_seen_[level];
     decode_any_s_ = ewma(decode_any_s_, decode_samples_ > 0);
@@ -59,6 +67,26 @@ double LevelPlanner::DecodeSeconds(uint32_t c, int level) const {
     for (int s : {l - d, l + d})
       if (trusted(s)) return decode_s_[s];
   return decode_any_s_;
+}
+
+PlanMargins LevelPlanner::Margins() const {
+  constexpr double kMaxSafety = 0.99;
+  constexpr double kReserveFloor = 0.005;  // of the deadline
+  const double z = std::max(options_.spread_sigmas, 0.0);
+  const double configured_s = options_.reserve * options_.deadline_s;
+  PlanMargins m{options_.safety, options_.safety, configured_s};
+  const bool link_known = options_.measured_margins && link_.segments >= kTrustedSamples;
+  const bool decode_known = options_.measured_margins && decode_residuals_ >= kTrustedSamples && decode_any_s_ > 0;
+  const double hi = std::max(options_.safety, kMaxSafety);
+  if (link_known) m.link_safety = std::clamp(1 - z * link_.rate_cv, options_.safety, hi);
+  const double decode_sd = decode_known ? std::sqrt(decode_sq_residuals_ / decode_residuals_) : 0;
+  if (decode_known) m.decode_safety = std::clamp(1 - z * decode_sd / decode_any_s_, options_.safety, hi);
+  if (link_known && decode_known) {
+    const double measured =
+        z * std::sqrt(link_.time_sd_s * link_.time_sd_s + decode_sd * decode_sd) + kReserveFloor * options_.deadline_s;
+    m.reserve_s = std::min(measured, configured_s);
+  }
+  return m;
 }
 
 int LevelPlanner::Resolve(uint32_t c, int level) const {
@@ -86,24 +114,52 @@ uint64_t LevelPlanner::Bytes(uint32_t c, int level) const {
 
 // One chunk still to plan: not requested yet (cur < 0), or in flight at
 // level cur with `left` bytes still to come.
+// A backup (level >= 0) may stand in for it at no further link time.
 struct LevelPlanner::Slot {
   uint32_t c = 0;
   int cur = -1;
   uint64_t left = 0;
+  int backup = -1;
 };
 
 Plan LevelPlanner::Replan(uint32_t first, double elapsed_s, uint64_t outstanding_bytes,
                           double pending_decode_s) const {
-  return Solve(first, elapsed_s, outstanding_bytes, {}, pending_decode_s);
+  return Solve(first, elapsed_s, outstanding_bytes, {}, std::vector<int>(chunks_.size(), -1), 0, pending_decode_s);
 }
 
 Plan LevelPlanner::Replan(uint32_t first, double elapsed_s, std::span<const InFlight> inflight,
                           double pending_decode_s) const {
-  return Solve(first, elapsed_s, 0, inflight, pending_decode_s);
+  return Replan(first, elapsed_s, inflight, {}, pending_decode_s);
+}
+
+Plan LevelPlanner::Replan(uint32_t first, double elapsed_s, std::span<const InFlight> inflight,
+                          std::span<const InFlight> backups, double pending_decode_s) const {
+  std::vector<int> backup(chunks_.size(), -1);
+  uint64_t to_come = 0;
+  for (const InFlight& b : backups) {
+    if (b.chunk >= chunks_.size() || b.level < 0 || b.level >= levels_ || backup[b.chunk] >= 0) continue;
+    const uint64_t size = FrameBytes(b.chunk, b.level);
+    if (size == 0) continue;
+    backup[b.chunk] = b.level;
+    to_come += size > b.received ? size - b.received : 0;
+  }
+  return Solve(first, elapsed_s, to_come, inflight, backup, BackupTotal(backups), pending_decode_s);
+}
+
+uint64_t LevelPlanner::FrameBytes(uint32_t c, int level) const {
+  const std::vector<uint64_t>& b = chunks_[c].level_bytes;
+  return level >= 0 && level < static_cast<int>(b.size()) ? b[level] : 0;
+}
+
+uint64_t LevelPlanner::BackupTotal(std::span<const InFlight> backups) const {
+  uint64_t total = 0;
+  for (const InFlight& b : backups)
+    if (b.chunk < chunks_.size()) total += FrameBytes(b.chunk, b.level);
+  return total;
 }
 
 Plan LevelPlanner::Solve(uint32_t first, double elapsed_s, uint64_t kept_bytes, std::span<const InFlight> inflight,
-                         double pending_decode_s) const {
+                         const std::vector<int>& backup, uint64_t backup_total, double pending_decode_s) const {
   Plan plan;
   const uint32_t n = static_cast<uint32_t>(chunks_.size());
   first = std::min(first, n);
@@ -125,9 +181,9 @@ Plan LevelPlanner::Solve(uint32_t first, double elapsed_s, uint64_t kept_bytes, 
     // Feasible within the whole deadline, reserve included: the reserve is
     // the margin for the estimate's swings, and a plan that spent its slack
     // on upgrades turns "infeasible" at the smallest one.
-    const double reserve_s = options_.reserve * options_.deadline_s;
-    if (Solve(first, elapsed_s - reserve_s, kept, {}, kept_decode).feasible) {
-      Plan keep = Solve(first, elapsed_s, kept, {}, kept_decode);
+    const double reserve_s = Margins().reserve_s;
+    if (Solve(first, elapsed_s - reserve_s, kept, {}, backup, backup_total, kept_decode).feasible) {
+      Plan keep = Solve(first, elapsed_s, kept, {}, backup, backup_total, kept_decode);
       keep.reissue.assign(inflight.size(), -1);
       return keep;
     }
@@ -136,13 +192,11 @@ Plan LevelPlanner::Solve(uint32_t first, double elapsed_s, uint64_t kept_bytes, 
   std::vector<Slot> slots;
   for (const InFlight& f : inflight) {
     if (f.chunk >= n || f.level < 0 || f.level >= levels_) continue;
-    const uint64_t bytes = f.level < static_cast<int>(chunks_[f.chunk].level_bytes.size())
-                               ? chunks_[f.chunk].level_bytes[f.level]
-                               : 0;
-    slots.push_back({f.chunk, f.level, bytes > f.received ? bytes - f.received : 0});
+    const uint64_t bytes = FrameBytes(f.chunk, f.level);
+    slots.push_back({f.chunk, f.level, bytes > f.received ? bytes - f.received : 0, backup[f.chunk]});
   }
   const size_t n_inflight = slots.size();
-  for (uint32_t c = first; c < n; ++c) slots.push_back({c, -1, 0});
+  for (uint32_t c = first; c < n; ++c) slots.push_back({c, -1, 0, backup[c]});
   std::vector<int> level(slots.size(), -1);
   auto finish = [&] {
     for (size_t i = 0, k = 0; i < inflight.size(); ++i) {
@@ -160,8 +214,10 @@ Plan LevelPlanner::Solve(uint32_t first, double elapsed_s, uint64_t kept_bytes, 
     return finish();
   }
   const double inf = std::numeric_limits<double>::infinity();
-  const double bw = bandwidth_ * options_.safety;
-  const double left = options_.deadline_s * (1 - options_.reserve) - elapsed_s;
+  const PlanMargins margins = Margins();
+  const double bw = bandwidth_ * margins.link_safety;
+  const double dsafety = margins.decode_safety;
+  const double left = options_.deadline_s - margins.reserve_s - elapsed_s;
   const double rate = options_.recompute_tokens_per_s;
   auto recompute_s = [&](uint64_t tokens) {
     return tokens == 0 ? 0.0 : rate > 0 ? static_cast<double>(tokens) / rate : inf;
@@ -169,7 +225,7 @@ Plan LevelPlanner::Solve(uint32_t first, double elapsed_s, uint64_t kept_bytes, 
   // Two stages in a row: the link, then the decoder (one chunk at a time).
   auto expected = [&](uint64_t fetch_bytes, double decode_s, uint64_t recompute_tokens) {
     const double transfer = static_cast<double>(kept_bytes + fetch_bytes) / bw + tail_s_;
-    const double decode = (pending_decode_s + decode_s) / options_.safety;
+    const double decode = (pending_decode_s + decode_s) / dsafety;
     return std::max(transfer, decode) + recompute_s(recompute_tokens);
   };
 
@@ -181,14 +237,16 @@ Plan LevelPlanner::Solve(uint32_t first, double elapsed_s, uint64_t kept_bytes, 
     return l < static_cast<int>(chunks_[s.c].level_bytes.size()) && chunks_[s.c].level_bytes[l] > 0 &&
            static_cast<double>(chunks_[s.c].level_bytes[l]) < kReissueGain * static_cast<double>(s.left);
   };
-  // Level of slot s in a plan at uniform level L (-1: recompute).
+  // Level of slot s in a plan at uniform level L (-1: recompute); a backup
+  // stands in for its level and every coarser one.
   auto level_at = [&](const Slot& s, int L) {
     const int l = Resolve(s.c, L);
+    if (s.backup >= 0 && l >= s.backup) return s.backup;
     if (s.cur < 0) return l;
     return l > s.cur && reissuable(s, l) ? l : s.cur;
   };
   auto bytes_at = [&](const Slot& s, int l) -> uint64_t {
-    if (l < 0) return 0;
+    if (l < 0 || l == s.backup) return 0;  // a backup's bytes are in kept_bytes
     return l == s.cur ? s.left : Bytes(s.c, l);
   };
   auto decode_at = [&](const Slot& s, int l) { return l < 0 ? 0.0 : DecodeSeconds(s.c, l); };
@@ -214,7 +272,7 @@ Plan LevelPlanner::Solve(uint32_t first, double elapsed_s, uint64_t kept_bytes, 
   // 1. The finest uniform level that fits both stages, then upgrades one
   // level finer, earliest chunks first, while both still fit.
   const double byte_budget = (left - forced_s - tail_s_) * bw - static_cast<double>(kept_bytes);
-  const double decode_budget = (left - forced_s) * options_.safety - pending_decode_s;
+  const double decode_budget = (left - forced_s) * dsafety - pending_decode_s;
   auto upgrade = [&](double byte_slack, double decode_slack, uint64_t* total, double* decode) {
     for (size_t k = 0; k < slots.size(); ++k) {
       if (level[k] < 0) continue;
@@ -257,6 +315,47 @@ Plan LevelPlanner::Solve(uint32_t first, double elapsed_s, uint64_t kept_bytes, 
     if (L > 0) upgrade(byte_budget - static_cast<double>(total), decode_budget - decode, &total, &decode);
     plan.feasible = true;
     plan.expected_s = expected(total, decode, forced_tokens);
+    // Hedging (planner.h): backups of the coarsest level for the latest
+    // chunks not requested yet and planned finer, while the spare time is at
+    // least 3 x the new backup's link time + 2 x every backup's so far. The
+    // spare before any backup was spare + backups so far (each took its time
+    // from it): so all backups together stay within a third of it, the rest
+    // is left to the estimate's noise. The spare is the smaller of the two
+    // stages': a backup also delays the decoder's next chunk by its link
+    // time.
+    double spare_s = std::min((byte_budget - static_cast<double>(total)) / bw, (decode_budget - decode) / dsafety);
+    double backups_s = static_cast<double>(backup_total) / bw;
+    // Only while a drop to 1/hedge_drop of the estimate (not derated: the
+    // factor is the margin here), now, would make the deadline unreachable
+    // even at the coarsest levels (what is still to come of backups and
+    // requests in flight included): the insurance bought is what the
+    // deadline needs, not what the slack allows.
+    double coarse = static_cast<double>(kept_bytes);
+    for (const Slot& s : slots) {
+      const int b = Coarsest(s.c);
+      if (s.cur >= 0)
+        coarse += static_cast<double>(std::min<uint64_t>(s.left, b >= 0 ? FrameBytes(s.c, b) : s.left));
+      else if (s.backup < 0 && b >= 0)
+        coarse += static_cast<double>(FrameBytes(s.c, b));
+    }
+    // Not while the decoder is the slower stage: there a backup's cost is
+    // mostly the client's CPU (one more request to receive), which the
+    // plan does not model (measured at 10 Gbit/s: 1-2 backups per fetch,
+    // and the median later than the client without them).
+    const bool link_bound =
+        static_cast<double>(kept_bytes + total) / bw + tail_s_ >= (pending_decode_s + decode) / dsafety;
+    const bool exposed = options_.hedge && options_.hedge_drop > 1 && link_bound &&
+                         coarse / (bandwidth_ / options_.hedge_drop) + tail_s_ > left - forced_s;
+    for (size_t k = slots.size(); exposed && k-- > n_inflight;) {
+      const Slot& s = slots[k];
+      const int b = Coarsest(s.c);
+      if (s.backup >= 0 || level[k] < 0 || b < 0 || level[k] >= b) continue;
+      const double link_s = static_cast<double>(FrameBytes(s.c, b)) / bw;
+      if (3 * link_s + 2 * backups_s > spare_s) break;
+      plan.hedge.push_back(s.c);
+      spare_s -= link_s;
+      backups_s += link_s;
+    }
     return finish();
   }
 
@@ -284,7 +383,7 @@ Plan LevelPlanner::Solve(uint32_t first, double elapsed_s, uint64_t kept_bytes, 
   plan.expected_s = expected(fetch, decode, recompute);
   if (plan.feasible) {  // spend the slack on one level finer, earliest first
     const double spare = left - plan.expected_s;
-    upgrade(spare * bw, spare * options_.safety, &fetch, &decode);
+    upgrade(spare * bw, spare * dsafety, &fetch, &decode);
     plan.expected_s = expected(fetch, decode, recompute);
   } else {
     // Late anyway: the finest uniform level expected to end (about) as early
@@ -317,14 +416,22 @@ void RateEstimator::Observe(double busy_s, uint64_t total_bytes) {
     history_.back().first = busy_s;
   else
     history_.emplace_back(busy_s, total_bytes);
-  if (!have_regime_) regime_ = history_.front(), have_regime_ = true;
+  if (!have_regime_) {
+    regime_ = segment_start_ = history_.front();
+    have_regime_ = true;
+  }
+  if (busy_s - segment_start_.first >= options_.long_s && total_bytes - segment_start_.second >= options_.long_bytes) {
+    segments_.emplace_back(busy_s - segment_start_.first, total_bytes - segment_start_.second);
+    segment_start_ = {busy_s, total_bytes};
+  }
 
   size_t short_start = 0;
   const double short_rate = WindowRate(options_.short_bytes, options_.short_s, &short_start);
   if (short_rate > 0 && rate_ > 0 && short_rate < options_.drop_ratio * rate_) {
     rate_ = short_rate;
     ++drops_;
-    regime_ = history_[short_start];
+    regime_ = segment_start_ = history_[short_start];
+    segments_.clear();
     history_.erase(history_.begin(), history_.begin() + static_cast<std::ptrdiff_t>(short_start));
     return;
   }
@@ -343,6 +450,26 @@ bool RateEstimator::settled() const {
   if (rate_ <= 0 || history_.empty()) return false;
   const auto& [t, b] = history_.back();
   return t - regime_.first >= 2 * options_.short_s && b - regime_.second >= options_.short_bytes;
+}
+
+LinkSpread RateEstimator::spread() const {
+  LinkSpread s;
+  s.segments = static_cast<int>(segments_.size());
+  if (segments_.empty()) return s;
+  double seconds = 0, bytes = 0;
+  for (const auto& [t, b] : segments_) seconds += t, bytes += static_cast<double>(b);
+  const double mean_rate = bytes / seconds;
+  double rate_sq = 0, time_sq = 0;
+  for (const auto& [t, b] : segments_) {
+    const double r = static_cast<double>(b) / t - mean_rate;
+    const double dt = t - static_cast<double>(b) / mean_rate;
+    rate_sq += r * r;
+    time_sq += dt * dt;
+  }
+  const double dof = std::max(s.segments - 1, 1);  // the mean is estimated from them too
+  s.rate_cv = std::sqrt(rate_sq / dof) / mean_rate;
+  s.time_sd_s = std::sqrt(time_sq / dof);
+  return s;
 }
 
 double RateEstimator::WindowRate(uint64_t bytes, double seconds, size_t* start) const {

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 namespace cachegen {
 namespace {
 
@@ -304,6 +306,187 @@ TEST(RateEstimator, SettledOneShortWindowAfterTheRegimeBegan) {
   for (int i = 0; i < 100; ++i, t += 0.001, total += 12500) r.Observe(t, total);
   EXPECT_NEAR(r.rate(), 1.25e7, 2e6);
   EXPECT_TRUE(r.settled());
+}
+
+TEST(RateEstimator, SpreadOfASteadyLinkIsZeroAndOfAVaryingOneIsNot) {
+  RateEstimator steady;  // segments of >= 1 MB and >= 20 ms
+  EXPECT_EQ(steady.spread().segments, 0);
+  // A token bucket: 64 KB bursts at exactly 10 MB/s.
+  const double burst_s = 65536.0 / 1e7;
+  for (int i = 0; i <= 160; ++i) steady.Observe(i * burst_s, 65536ull * i);
+  const LinkSpread s = steady.spread();
+  EXPECT_GE(s.segments, 9);  // 10.5 MB in segments of 16 bursts
+  EXPECT_LT(s.rate_cv, 1e-9);
+  EXPECT_LT(s.time_sd_s, 1e-9);
+
+  // 8 and 12 MB/s in turns of 50 ms (no drop: the slow phase is above half
+  // the estimate), segments of >= 100 KB and >= 10 ms (short window 30 KB
+  // and 5 ms).
+  RateEstimator::Options o;
+  o.long_bytes = 100000;
+  o.long_s = 0.01;
+  o.short_bytes = 30000;
+  o.short_s = 0.005;
+  RateEstimator varying(o);
+  uint64_t total = 0;
+  double t = 0;
+  for (int i = 0; i < 400; ++i, t += 0.001) {
+    varying.Observe(t, total);
+    total += (i / 50) % 2 ? 12000 : 8000;
+  }
+  EXPECT_EQ(varying.drops(), 0);
+  const LinkSpread v = varying.spread();
+  EXPECT_GE(v.segments, 20);
+  EXPECT_GT(v.rate_cv, 0.1);
+  EXPECT_LT(v.rate_cv, 0.3);
+  EXPECT_GT(v.time_sd_s, 0.001);
+
+  // A drop starts a new regime: its spread is measured afresh.
+  for (int i = 0; i < 20; ++i, t += 0.001, total += 3000) varying.Observe(t, total);
+  ASSERT_EQ(varying.drops(), 1);
+  EXPECT_LT(varying.spread().segments, 3);
+}
+
+// 16 chunks of 1 MB at level 0, 10 MB/s: level 0 takes 1.6 s, and the
+// deadline, 1.65 s, leaves 3 % (the row a fixed level-0 client meets).
+LevelPlanner TightPlanner() {
+  PlannerOptions o;  // default margins: 0.9 of the estimate, 5 % reserve
+  o.deadline_s = 1.65;
+  o.initial_bandwidth_bytes_s = 1e7;
+  return LevelPlanner(Chunks(16), o);
+}
+
+bool AllFinest(const Plan& plan) {
+  for (auto d : plan.decisions)
+    if (d.level != 0) return false;
+  return true;
+}
+
+TEST(Planner, MeasuredSteadyLinkNarrowsTheMargins) {
+  LevelPlanner p = TightPlanner();
+  for (int i = 0; i < 4; ++i) p.OnProcessed(0.010, 0);  // decode: 10 ms, no spread
+  // Link spread unknown: the configured margins, and level 0 does not fit.
+  PlanMargins m = p.Margins();
+  EXPECT_DOUBLE_EQ(m.link_safety, 0.9);
+  EXPECT_DOUBLE_EQ(m.decode_safety, 0.99);
+  EXPECT_DOUBLE_EQ(m.reserve_s, 0.05 * 1.65);
+  EXPECT_FALSE(AllFinest(p.Replan(0, 0, 0)));
+  p.SetLinkSpread({2, 0.002, 0.001});
+  EXPECT_DOUBLE_EQ(p.Margins().link_safety, 0.9) << "two segments are not a spread";
+  // A steady link (cv 0.2 %, 1 ms of timing noise): derating 0.99 (the cap,
+  // 1 - 2 * 0.002 is above it), reserve 2 ms + 0.5 % of the deadline.
+  p.SetLinkSpread({5, 0.002, 0.001});
+  m = p.Margins();
+  EXPECT_DOUBLE_EQ(m.link_safety, 0.99);
+  EXPECT_NEAR(m.reserve_s, 0.002 + 0.005 * 1.65, 1e-12);
+  // 1.6 s / 0.99 + 10 ms of tail = 1.626 s <= 1.65 - 10.25 ms.
+  const Plan plan = p.Replan(0, 0, 0);
+  EXPECT_TRUE(plan.feasible);
+  EXPECT_TRUE(AllFinest(plan));
+}
+
+TEST(Planner, MeasuredNoiseNeverWidensBeyondTheConfiguredMargins) {
+  LevelPlanner p = TightPlanner();
+  // Decode times 10, 20, 10, 20 ms: residuals against the level's estimate
+  // 10, -5, 7.5 ms (sd 7.8 ms, 48 % of the 16 ms estimate).
+  for (double s : {0.010, 0.020, 0.010, 0.020}) p.OnProcessed(s, 0);
+  p.SetLinkSpread({5, 0.2, 0.05});  // a noisy link
+  const PlanMargins m = p.Margins();
+  EXPECT_DOUBLE_EQ(m.link_safety, 0.9);
+  EXPECT_DOUBLE_EQ(m.decode_safety, 0.9);
+  EXPECT_DOUBLE_EQ(m.reserve_s, 0.05 * 1.65);
+  EXPECT_FALSE(AllFinest(p.Replan(0, 0, 0)));
+  // A steady link with that decoder: the reserve covers the decode spread
+  // (2 sd, about 16 ms) and stays under the configured 82.5 ms.
+  p.SetLinkSpread({5, 0.002, 0.001});
+  const double decode_sd = std::sqrt((1e-4 + 2.5e-5 + 5.625e-5) / 3);
+  EXPECT_NEAR(p.Margins().reserve_s, 2 * std::sqrt(1e-6 + decode_sd * decode_sd) + 0.005 * 1.65, 1e-9);
+  EXPECT_DOUBLE_EQ(p.Margins().decode_safety, 0.9);
+}
+
+TEST(Planner, HedgesTheLatestChunksFromSpareSlackOnly) {
+  // 8 chunks, 10 MB/s: level 0 takes 0.8 s. Deadline 1.2 s: 0.4 s spare. A
+  // fall to 1 MB/s now would leave 3.4 s of coarsest frames: exposed. A
+  // backup (the coarsest frame, 42 ms of link) is named while the spare is
+  // at least 3 x its time + 2 x the backups' before it: chunks 7, 6 and 5
+  // (127 ms, within a third of the spare), latest first. Levels are not
+  // touched.
+  LevelPlanner p(Chunks(8), Opts(1.2, 1e7));
+  const Plan plan = p.Replan(0, 0, 0);
+  ASSERT_TRUE(plan.feasible);
+  EXPECT_TRUE(AllFinest(plan));
+  EXPECT_EQ(plan.hedge, (std::vector<uint32_t>{7, 6, 5}));
+  // With those out (nothing arrived yet), the next plan names no more: all
+  // backups stay within a third of the spare they came from.
+  const std::vector<InFlight> backups = {{7, 3, 0}, {6, 3, 0}, {5, 3, 0}};
+  const Plan next = p.Replan(0, 0, {}, backups, 0);
+  EXPECT_TRUE(next.feasible);
+  EXPECT_TRUE(AllFinest(next)) << "a backup is not the plan's level while the finer frame fits";
+  EXPECT_TRUE(next.hedge.empty());
+  // A plan without spare names none; a loose one names every chunk.
+  EXPECT_TRUE(LevelPlanner(Chunks(8), Opts(0.82, 1e7)).Replan(0, 0, 0).hedge.empty());
+  EXPECT_EQ(LevelPlanner(Chunks(8), Opts(2.0, 1e7)).Replan(0, 0, 0).hedge.size(), 8u);
+  // A chunk planned at its coarsest level gets no backup (it would be the
+  // same frame): 8 chunks at level 3 (3.4 MB) in a 0.36 s plan at 10 MB/s.
+  EXPECT_TRUE(LevelPlanner(Chunks(8), Opts(0.36, 1e7)).Replan(0, 0, 0).hedge.empty());
+  // Not exposed: with 5 s, even a fall to 1 MB/s leaves time for the
+  // coarsest frames (3.4 s), so the slack buys nothing.
+  EXPECT_TRUE(LevelPlanner(Chunks(8), Opts(5.0, 1e7)).Replan(0, 0, 0).hedge.empty());
+  // Exposed to a fall to a third (1.1 s of coarsest frames) with 1.2 s only
+  // when the insured fall is deeper than that.
+  PlannerOptions o = Opts(1.2, 1e7);
+  o.hedge_drop = 3;
+  EXPECT_TRUE(LevelPlanner(Chunks(8), o).Replan(0, 0, 0).hedge.empty());
+  o.hedge_drop = 4;
+  EXPECT_FALSE(LevelPlanner(Chunks(8), o).Replan(0, 0, 0).hedge.empty());
+  o.hedge = false;
+  EXPECT_TRUE(LevelPlanner(Chunks(8), o).Replan(0, 0, 0).hedge.empty());
+  // Decode-bound (130 ms per chunk: 1.04 s of decode against 0.93 s of
+  // transfer and the last decode): no backups, though exposed and with
+  // spare time on both stages (0.16 s on the decoder's).
+  LevelPlanner slow_decoder(Chunks(8), Opts(1.2, 1e7));
+  for (int i = 0; i < 4; ++i) slow_decoder.OnProcessed(0.130, 0);
+  const Plan bound = slow_decoder.Replan(0, 0, 0);
+  EXPECT_TRUE(bound.feasible);
+  EXPECT_TRUE(bound.hedge.empty());
+  LevelPlanner fast_decoder(Chunks(8), Opts(1.2, 1e7));
+  for (int i = 0; i < 4; ++i) fast_decoder.OnProcessed(0.010, 0);
+  EXPECT_FALSE(fast_decoder.Replan(0, 0, 0).hedge.empty());
+}
+
+TEST(Planner, BackupsStandInWhenTheRateFalls) {
+  // 8 chunks, deadline 1 s; chunks 0-4 are done at 0.5 s when the link falls
+  // to 1 MB/s: 0.5 MB of transfer left. Without backups the three chunks
+  // left need 1.27 MB at the coarsest level: late. With the backups of
+  // chunks 6 and 7 arrived, chunk 5 at level 3 (0.42 MB) fits and 6 and 7
+  // are delivered from their backups.
+  LevelPlanner p(Chunks(8), Opts(1.0, 1e6));
+  EXPECT_FALSE(p.Replan(5, 0.5, 0).feasible);
+  const std::vector<InFlight> backups = {{6, 3, 421875}, {7, 3, 421875}};
+  const Plan plan = p.Replan(5, 0.5, {}, backups, 0);
+  EXPECT_TRUE(plan.feasible);
+  ASSERT_EQ(plan.decisions.size(), 3u);
+  for (auto d : plan.decisions) EXPECT_EQ(d.level, 3);
+  EXPECT_NEAR(plan.expected_s, 0.421875, 1e-9);
+  // The backups' bytes still to come count: with both just requested the
+  // same plan is late.
+  const std::vector<InFlight> requested = {{6, 3, 0}, {7, 3, 0}};
+  EXPECT_FALSE(p.Replan(5, 0.5, {}, requested, 0).feasible);
+
+  // A request in flight at level 0 (1 MB to come) for a chunk whose backup
+  // has arrived: it is abandoned for the backup (Plan::reissue at the
+  // backup's level), not re-issued at a level that costs more link time.
+  const std::vector<InFlight> flight = {{6, 0, 0}};
+  const Plan drop = p.Replan(7, 0.5, flight, backups, 0);
+  EXPECT_TRUE(drop.feasible);
+  ASSERT_EQ(drop.reissue.size(), 1u);
+  EXPECT_EQ(drop.reissue[0], 3);
+  EXPECT_EQ(drop.decisions[0].level, 3);
+  // With time for it, the request is kept and the backup goes unused.
+  LevelPlanner loose(Chunks(8), Opts(3.0, 1e6));
+  const Plan keep = loose.Replan(7, 0.5, flight, backups, 0);
+  EXPECT_EQ(keep.reissue[0], -1);
+  EXPECT_EQ(keep.decisions[0].level, 0) << "a finer frame still fits: the backup is not used";
 }
 
 TEST(Planner, RecomputesLateChunksWhenCheaper) {

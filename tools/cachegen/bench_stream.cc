@@ -23,6 +23,7 @@ struct BenchStreamArgs {
   double recompute_tps = 0;
   std::string factors = "0.3,0.5,0.75,1,1.5";
   std::string traces = "0.1gbit,1gbit,10gbit,drop";
+  bool previous = false;  // also run the client without measured margins and hedging
 };
 
 struct Trace {
@@ -130,20 +131,24 @@ int RunBenchStream(const BenchStreamArgs& a) {
   std::printf(" (level 0's, measured again per row, added to deadlines); recompute %g tok/s; inflight %u; decode threads %u; %u reps per row, "
               "clients interleaved\n",
               a.recompute_tps, a.inflight, a.decode_threads, reps);
-  std::printf("%-22s %10s | %-36s | %-16s | %s\n", "trace", "deadline",
-              "adaptive met/R lvl MB reiss ms[min-max]", "warm met/R lvl ms", "fixed levels 0..N-1: met/R (median ms)");
+  std::printf("%-22s %10s | %-42s | %-16s | %s%s\n", "trace", "deadline",
+              "adaptive met/R lvl MB reiss bk ms[min-max]", "warm met/R lvl ms",
+              a.previous ? "previous met/R lvl MB ms | " : "", "fixed levels 0..N-1: met/R (median ms)");
 
   // "adaptive" starts cold (no bandwidth known: it probes with the first
   // chunk); "warm" starts from the estimate its previous fetch over the same
-  // link ended with, as a long-lived client (llama-serve) does.
+  // link ended with, as a long-lived client (llama-serve) does; "previous"
+  // (--previous) is "adaptive" with the configured margins and no backups
+  // (the client before measured margins and hedging), in the same reps.
   std::vector<std::string> names = {"adaptive", "warm"};
+  if (a.previous) names.push_back("previous");
   for (uint32_t l = 0; l < a.levels; ++l) names.push_back("fixed-" + std::to_string(l));
   const size_t k = names.size();
   std::map<std::string, Stat> stats;
   std::vector<double> factors;
   for (const std::string& f : SplitList(a.factors)) factors.push_back(std::stod(f));
 
-  constexpr size_t kAdaptive = 2;  // clients before the fixed ones
+  const size_t kAdaptive = a.previous ? 3 : 2;  // clients before the fixed ones
   for (const Trace& tr : traces) {
     double warm_bandwidth = 0;
     sopts.link = std::make_shared<LinkShaper>(tr.steps);
@@ -169,6 +174,7 @@ int RunBenchStream(const BenchStreamArgs& a) {
           o.deadline_ms = deadline;
           o.fixed_level = c < kAdaptive ? -1 : static_cast<int>(c - kAdaptive);
           if (c == 1) o.initial_bandwidth_bytes_s = warm_bandwidth;
+          if (c == 2 && a.previous) o.measured_margins = o.hedge = false;
           o.inflight = a.inflight;
           o.recompute_tokens_per_s = a.recompute_tps;
           o.levels = a.levels;
@@ -238,19 +244,28 @@ int RunBenchStream(const BenchStreamArgs& a) {
           s.row_not_worse += met && !any_recompute[c] && med_level[c] <= best_fixed + 1e-9;
         }
       }
-      double reissued = 0, moved = 0;
+      auto moved_mb = [&](size_t c) {
+        double moved = 0;
+        for (uint32_t rep = 0; rep < reps; ++rep)
+          moved += static_cast<double>(results[rep][c].bytes + results[rep][c].abandoned_bytes);
+        return moved / reps / 1e6;
+      };
+      double reissued = 0, backups = 0;
       for (uint32_t rep = 0; rep < reps; ++rep) {
         reissued += results[rep][0].reissued;
-        moved += static_cast<double>(results[rep][0].bytes + results[rep][0].abandoned_bytes);
+        backups += results[rep][0].backups;
       }
-      char adaptive[96], warm[48];
-      std::snprintf(adaptive, sizeof adaptive, "%s %u/%u %.2f %5.2f %3.1f %4.0f[%.0f-%.0f]",
+      char adaptive[96], warm[48], previous[64] = "";
+      std::snprintf(adaptive, sizeof adaptive, "%s %u/%u %.2f %5.2f %3.1f %4.1f %4.0f[%.0f-%.0f]",
                     med_ms[0] <= deadline ? "yes" : "NO ", static_cast<unsigned>(met_count[0]), reps, med_level[0],
-                    moved / reps / 1e6, reissued / reps, med_ms[0], min_ms[0], max_ms[0]);
+                    moved_mb(0), reissued / reps, backups / reps, med_ms[0], min_ms[0], max_ms[0]);
       std::snprintf(warm, sizeof warm, "%s %u/%u %.2f %4.0f", med_ms[1] <= deadline ? "yes" : "NO ",
                     static_cast<unsigned>(met_count[1]), reps, med_level[1], med_ms[1]);
-      std::printf("%-22s %4.0f+%4.0fms | %-36s | %-16s |", tr.name.c_str(), *decode_ms, deadline - *decode_ms,
-                  adaptive, warm);
+      if (a.previous)
+        std::snprintf(previous, sizeof previous, "%s %u/%u %.2f %5.2f %4.0f | ", med_ms[2] <= deadline ? "yes" : "NO ",
+                      static_cast<unsigned>(met_count[2]), reps, med_level[2], moved_mb(2), med_ms[2]);
+      std::printf("%-22s %4.0f+%4.0fms | %-42s | %-16s | %s", tr.name.c_str(), *decode_ms, deadline - *decode_ms,
+                  adaptive, warm, previous);
       for (uint32_t l = 0; l < a.levels; ++l)
         std::printf(" %s%u/%u(%.0f)", med_ms[l + kAdaptive] <= deadline ? "+" : "-",
                     static_cast<unsigned>(met_count[l + kAdaptive]), reps, med_ms[l + kAdaptive]);
@@ -277,8 +292,9 @@ int RunBenchStream(const BenchStreamArgs& a) {
   }
   std::printf("feasible = some fixed-level client met the deadline (per trial: in the same rep; per row: by its median "
               "time); not-worse = met, nothing recomputed, mean level <= the finest fixed level that met it (0 = "
-              "finest; per row: median mean level); MB counts abandoned requests' bytes; row columns: met/R = reps "
-              "that met it, yes/NO and +/- = the median met it\n");
+              "finest; per row: median mean level); MB counts abandoned requests' and backups' bytes; row columns: "
+              "met/R = reps that met it, yes/NO and +/- = the median met it, reiss = requests abandoned per rep, bk = "
+              "backups per rep\n");
   return 0;
 }
 
@@ -296,6 +312,9 @@ const bool kRegistered = RegisterCommand(45, [](CLI::App& root) -> CommandRunner
       ->capture_default_str();
   sub->add_option("--decode-threads", a->decode_threads, "Decode threads of every client (and the local measure)")
       ->capture_default_str();
+  sub->add_flag("--previous", a->previous,
+               "Also run the adaptive client with the configured margins and no backups (the client before "
+               "measured margins and hedging), interleaved with the others");
   sub->add_option("--recompute-tps", a->recompute_tps, "Engine recompute speed (tokens/s; 0 = never)")
       ->capture_default_str();
   sub->add_option("--deadline-factors", a->factors,
