@@ -1,8 +1,9 @@
 // Model profiles (.cgprof): side information of the `cachegen` codec learned
 // offline from a few contexts of one model — per-channel statistics (scale and
 // mean of every layer's K and V channels) and rANS frequency tables per
-// (layer, K|V, head, anchor|delta stream) on a grid of quantizer steps, and
-// optionally the model's sensitivity per section (encoder guidance only).
+// (layer, K|V, head, anchor|delta stream) on a grid of quantizer steps,
+// optionally a learned per-head transform of the keys, and optionally the
+// model's sensitivity per section (encoder guidance only).
 // Frames encoded with a profile reference it by its 64-bit id and carry
 // neither (docs/FORMAT.md, ".cgprof" and "Profile reference"); decoding them
 // needs the same profile registered in the process.
@@ -25,6 +26,26 @@ namespace internal {
 struct ProfileData;
 }
 
+// What Profile::Train learns beyond channel statistics and tables.
+struct ProfileTrainOptions {
+  // Learn, per K head, the orthonormal transform that decorrelates its
+  // channels (the eigenvectors of their covariance, KLT); frames then code
+  // keys in that basis and decoders turn them back (docs/FORMAT.md, format
+  // version 3). Measured on stories260K (docs/EVAL.md). Not with rotate
+  // (ignored there).
+  bool key_transform = true;
+  // Per section (layer l: 2l = K, 2l + 1 = V): empty, or per KV head a
+  // symmetric positive semidefinite D x D matrix M ([head][r][c], coding
+  // domain before any learned transform): a coding error e of that head
+  // costs e^T M e (e.g. from the model's attention,
+  // src/engine/llama/channel_weights.h). Each coded channel c then weighs
+  // w_c = (U^T M U)_cc (M_cc without a transform), and within each head the
+  // section's channel scales move half-way (in log) from the measured σ
+  // towards ∝ 1/sqrt(w_c), the head keeping its geometric-mean scale, so
+  // frames' steps put bits where they count. Not with rotate.
+  std::vector<std::vector<double>> channel_weights;
+};
+
 class Profile {
  public:
   // Validates a .cgprof (untrusted bytes: every field is checked, the
@@ -34,16 +55,10 @@ class Profile {
   // Learns a profile from whole contexts of one model (tokens at positions
   // 0..T-1, keys as cached). The coding domain follows `config`: its rope and
   // rotate settings (frames using the profile must be encoded with the same)
-  // and its group size (for the delta tables).
-  // `channel_weights`, when given, holds per section (layer l: 2l = K,
-  // 2l + 1 = V) one weight per channel (kv_head * head_dim + d, coding domain)
-  // or nothing: how much a unit of error in that channel matters (e.g. from the
-  // model's attention, src/engine/llama/channel_weights.h). Within each head,
-  // such a section's channel scales then move half-way (in log) from the
-  // measured σ towards ∝ 1/sqrt(weight), the head keeping its geometric-mean
-  // scale, so frames' steps put bits where they count. Not with rotate.
+  // and its group size (for the delta tables); `options` says what else to
+  // learn.
   static Result<std::shared_ptr<const Profile>> Train(std::span<const KVView> contexts, const CodecConfig& config,
-                                                      std::span<const std::vector<double>> channel_weights = {});
+                                                      const ProfileTrainOptions& options = {});
 
   // A copy that also holds the model's measured sensitivity of every section
   // (layer l: 2l = K, 2l + 1 = V): mean KL of the next-token distributions per

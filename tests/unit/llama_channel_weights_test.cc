@@ -94,11 +94,20 @@ TEST_F(ChannelWeightsTest, AccumulatesWeightsFromAWindow) {
   ASSERT_TRUE(acc.AddWindow(cap->kv.view()).ok());
   const auto& w = acc.weights();
   ASSERT_EQ(w.size(), size_t{in.layers} * 2);
+  const uint32_t D = in.head_dim;
   for (const auto& s : w) {
-    ASSERT_EQ(s.size(), size_t{in.kv_heads} * in.head_dim);
-    for (double v : s) {
-      EXPECT_TRUE(std::isfinite(v));
-      EXPECT_GT(v, 0.0);
+    ASSERT_EQ(s.size(), size_t{in.kv_heads} * D * D);  // a D x D matrix per KV head
+    for (double v : s) EXPECT_TRUE(std::isfinite(v));
+    for (uint32_t h = 0; h < in.kv_heads; ++h) {
+      const double* m = &s[size_t{h} * D * D];
+      for (uint32_t r = 0; r < D; ++r) {
+        EXPECT_GT(m[r * D + r], 0.0);  // every channel matters
+        for (uint32_t c = 0; c < D; ++c) {
+          EXPECT_NEAR(m[r * D + c], m[c * D + r], 1e-9 * m[r * D + r] + 1e-300);  // symmetric
+          // positive semidefinite, so |m_rc| <= sqrt(m_rr m_cc)
+          EXPECT_LE(m[r * D + c] * m[r * D + c], m[r * D + r] * m[c * D + c] * (1 + 1e-9));
+        }
+      }
     }
   }
   EXPECT_FALSE(acc.AddWindow(cap->kv.view()).ok());  // its queries were consumed

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <random>
 
 #include <gtest/gtest.h>
 
@@ -27,11 +28,18 @@ std::vector<KVTensor> Contexts(uint32_t first, int n) {
   return out;
 }
 
-std::shared_ptr<const Profile> Trained(const CodecConfig& cfg = {}) {
+// Profiles of the format's versions 1 and 2 (no learned key transforms).
+ProfileTrainOptions NoTransforms() {
+  ProfileTrainOptions o;
+  o.key_transform = false;
+  return o;
+}
+
+std::shared_ptr<const Profile> Trained(const CodecConfig& cfg = {}, const ProfileTrainOptions& options = NoTransforms()) {
   const auto ctx = Contexts(0, 3);
   std::vector<KVView> views;
   for (const auto& t : ctx) views.push_back(t.view());
-  auto p = Profile::Train(views, cfg);
+  auto p = Profile::Train(views, cfg, options);
   EXPECT_TRUE(p.ok()) << p.status().ToString();
   return p.ok() ? *p : nullptr;
 }
@@ -103,10 +111,10 @@ void ExpectHostileRejected(const std::vector<uint8_t>& good) {
     return b;
   };
   auto v = good;
-  v[4] = 3;  // version 3
+  v[4] = 4;  // version 4
   EXPECT_EQ(Profile::Parse(resealed(v)).status().code(), StatusCode::kUnsupported);
   v = good;
-  v[6] |= 2;  // an unknown flag
+  v[6] |= 4;  // an unknown flag
   EXPECT_EQ(Profile::Parse(resealed(v)).status().code(), StatusCode::kCorrupt);
   v = good;
   v[8] = 0, v[9] = 0, v[10] = 0, v[11] = 0;  // layers 0
@@ -126,13 +134,16 @@ TEST(Profile, ChannelWeightsMoveScalesWithinHeads) {
   const auto ctx = Contexts(0, 3);
   std::vector<KVView> views;
   for (const auto& t : ctx) views.push_back(t.view());
-  auto plain = Profile::Train(views, CodecConfig{});
+  auto plain = Profile::Train(views, CodecConfig{}, NoTransforms());
   ASSERT_TRUE(plain.ok());
   const uint32_t D = kShape.head_dim, C = kShape.kv_heads * D, sections = kShape.layers * 2;
-  std::vector<std::vector<double>> w(sections);
-  w[0].resize(C);
-  for (uint32_t c = 0; c < C; ++c) w[0][c] = std::exp2(double(c % 4));
-  auto weighted = Profile::Train(views, CodecConfig{}, w);
+  // Per head a diagonal weight matrix: channel c weighs 2^(c % 4).
+  ProfileTrainOptions o = NoTransforms();
+  std::vector<std::vector<double>>& w = o.channel_weights;
+  w.resize(sections);
+  w[0].assign(size_t{C} * D, 0.0);
+  for (uint32_t c = 0; c < C; ++c) w[0][(size_t{c / D} * D + c % D) * D + c % D] = std::exp2(double(c % 4));
+  auto weighted = Profile::Train(views, CodecConfig{}, o);
   ASSERT_TRUE(weighted.ok()) << weighted.status().ToString();
   const auto& a = (*plain)->data().sigma_code[0];
   const auto& b = (*weighted)->data().sigma_code[0];
@@ -154,21 +165,23 @@ TEST(Profile, ChannelWeightsMoveScalesWithinHeads) {
   EXPECT_NE(a, b);
   EXPECT_NE((*plain)->id(), (*weighted)->id());
 
-  auto bad = w;
-  bad[0][3] = -1;
+  auto bad = o;
+  bad.channel_weights[0][3 * D + 3] = -1;  // channel 3's weight
   EXPECT_FALSE(Profile::Train(views, CodecConfig{}, bad).ok());
-  bad[0][3] = std::nan("");
+  bad.channel_weights[0][3 * D + 3] = std::nan("");
   EXPECT_FALSE(Profile::Train(views, CodecConfig{}, bad).ok());
-  bad = w;
-  bad[0].pop_back();
+  bad = o;
+  bad.channel_weights[0].pop_back();
   EXPECT_FALSE(Profile::Train(views, CodecConfig{}, bad).ok());
-  bad = w;
-  std::fill(bad[0].begin(), bad[0].end(), 0.0);
+  bad = o;
+  std::fill(bad.channel_weights[0].begin(), bad.channel_weights[0].end(), 0.0);
   EXPECT_FALSE(Profile::Train(views, CodecConfig{}, bad).ok());
-  EXPECT_FALSE(Profile::Train(views, CodecConfig{}, std::span(w).first(1)).ok());
+  bad = o;
+  bad.channel_weights.pop_back();
+  EXPECT_FALSE(Profile::Train(views, CodecConfig{}, bad).ok());
   CodecConfig rotated;
   rotated.rotate = true;
-  EXPECT_FALSE(Profile::Train(views, rotated, w).ok());
+  EXPECT_FALSE(Profile::Train(views, rotated, o).ok());
 }
 
 TEST(Profile, HostileBytesAreRejected) {
@@ -197,6 +210,181 @@ TEST(Profile, HostileBytesAreRejected) {
   }
   v = q->bytes();
   v[6] = 0;  // flag cleared: the sensitivities are trailing bytes
+  EXPECT_EQ(Profile::Parse(resealed(v)).status().code(), StatusCode::kCorrupt);
+}
+
+// Keys whose channels are strongly correlated within each head (each head's
+// keys mix independent Laplacian sources of falling scale through a fixed
+// random matrix), values independent: 4 slices of kShape, 0..2 train, 3 held out.
+std::vector<KVTensor> CorrelatedContexts() {
+  const uint32_t D = kShape.head_dim;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  std::exponential_distribution<float> expo(1.0f);
+  std::vector<std::vector<float>> mix(kShape.layers * kShape.kv_heads, std::vector<float>(size_t{D} * D));
+  for (auto& m : mix)
+    for (float& v : m) v = normal(rng) / std::sqrt(float(D));
+  auto laplace = [&] { return (rng() & 1 ? 1.0f : -1.0f) * expo(rng); };
+  std::vector<KVTensor> out;
+  std::vector<float> z(D), row(kShape.kv_heads * D);
+  for (int i = 0; i < 4; ++i) {
+    KVTensor t(kShape, DType::kF32);
+    for (uint32_t l = 0; l < kShape.layers; ++l)
+      for (uint32_t tok = 0; tok < kShape.tokens; ++tok) {
+        for (uint32_t h = 0; h < kShape.kv_heads; ++h) {
+          for (uint32_t d = 0; d < D; ++d) z[d] = laplace() * std::exp2(-float(d) / 3);
+          const std::vector<float>& m = mix[l * kShape.kv_heads + h];
+          for (uint32_t r = 0; r < D; ++r) {
+            float x = 0;
+            for (uint32_t d = 0; d < D; ++d) x += m[r * D + d] * z[d];
+            row[h * D + r] = x;
+          }
+        }
+        t.view().WriteRow(l, KV::kKey, tok, row.data());
+        for (float& v : row) v = laplace();
+        t.view().WriteRow(l, KV::kValue, tok, row.data());
+      }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+// `kv` coded at 2 bits/value with `profile`: decoded K, and bits/value.
+KVTensor KeysAt2Bits(const KVTensor& kv, std::shared_ptr<const Profile> profile, double* bits) {
+  CodecConfig cfg;
+  cfg.bits_per_value = 2;
+  cfg.profile = std::move(profile);
+  auto bytes = Encoder::Create(cfg)->Encode(kv.view());
+  EXPECT_TRUE(bytes.ok()) << bytes.status().ToString();
+  if (!bytes.ok()) return KVTensor(kv.shape(), DType::kF32);
+  *bits = double(bytes->size()) * 8 / double(kv.shape().values());
+  auto out = Decoder::Open(*bytes)->Decode(DType::kF32);
+  EXPECT_TRUE(out.ok()) << out.status().ToString();
+  return out.ok() ? std::move(*out) : KVTensor(kv.shape(), DType::kF32);
+}
+
+// For head h of layer l and a unit direction v: the error variance of the
+// decoded keys along v relative to the keys' own variance along v (how much
+// a query along v sees its logits disturbed, relative to their spread).
+double RelativeErrorAlong(const KVTensor& kv, const KVTensor& out, uint32_t l, uint32_t h, const float* v,
+                          uint32_t stride) {
+  const KVShape& s = kv.shape();
+  double sum = 0, sum_sq = 0, err = 0;
+  for (uint32_t t = 0; t < s.tokens; ++t) {
+    double x = 0, e = 0;
+    for (uint32_t d = 0; d < s.head_dim; ++d) {
+      const double k = kv.view().Get(l, KV::kKey, t, h, d);
+      x += v[d * stride] * k;
+      e += v[d * stride] * (k - out.view().Get(l, KV::kKey, t, h, d));
+    }
+    sum += x, sum_sq += x * x, err += e * e;
+  }
+  const double n = s.tokens, var = sum_sq / n - (sum / n) * (sum / n);
+  return err / n / var;
+}
+
+// Learned key transforms: orthonormal per K head, none for V, version 3. The
+// coder's steps follow each coded channel's scale, so in the learned basis
+// the error takes the keys' own covariance: a query along any direction sees
+// the same error relative to its logits' spread, where per-channel coding
+// leaves directions of little key variance (correlated channels cancelling)
+// swamped. Checked on held-out keys along each head's most and least varying
+// directions, at the same bit target.
+TEST(Profile, KeyTransformsDecorrelateHeldOutKeys) {
+  const auto ctx = CorrelatedContexts();
+  std::vector<KVView> views;
+  for (int i = 0; i < 3; ++i) views.push_back(ctx[i].view());
+  auto with = Profile::Train(views, CodecConfig{});
+  auto without = Profile::Train(views, CodecConfig{}, NoTransforms());
+  ASSERT_TRUE(with.ok() && without.ok());
+  const internal::ProfileData& d = (*with)->data();
+  EXPECT_EQ((*with)->bytes()[4], 3);
+  EXPECT_EQ((*without)->bytes()[4], 1);
+  const uint32_t D = kShape.head_dim;
+  for (uint32_t sec = 0; sec < kShape.layers * 2; ++sec) {
+    ASSERT_EQ(d.HasTransform(sec), sec % 2 == 0) << sec;
+    if (sec % 2) continue;
+    ASSERT_EQ(d.transform[sec].size(), size_t{kShape.kv_heads} * D * D);
+    for (uint32_t h = 0; h < kShape.kv_heads; ++h) {
+      const float* u = &d.transform[sec][size_t{h} * D * D];
+      for (uint32_t a = 0; a < D; ++a)
+        for (uint32_t b = 0; b < D; ++b) {
+          double dot = 0;
+          for (uint32_t r = 0; r < D; ++r) dot += double(u[r * D + a]) * u[r * D + b];
+          EXPECT_NEAR(dot, a == b ? 1.0 : 0.0, 1e-5) << sec << " " << h << " " << a << " " << b;
+        }
+    }
+  }
+  auto again = Profile::Parse((*with)->bytes());
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ((*again)->data().transform, d.transform);
+  EXPECT_EQ((*again)->bytes(), (*with)->bytes());
+
+  RegisterProfile(*with);
+  RegisterProfile(*without);
+  const KVTensor& held_out = ctx[3];
+  double bits_with = 0, bits_without = 0;
+  const KVTensor out_with = KeysAt2Bits(held_out, *with, &bits_with);
+  const KVTensor out_without = KeysAt2Bits(held_out, *without, &bits_without);
+  EXPECT_NEAR(bits_with, 2, 0.16);
+  EXPECT_NEAR(bits_without, 2, 0.16);
+  for (uint32_t l = 0; l < kShape.layers; ++l)
+    for (uint32_t h = 0; h < kShape.kv_heads; ++h) {
+      const float* u = &d.transform[2 * l][size_t{h} * D * D];
+      const float *major = u, *minor = u + (D - 1);  // columns 0 and D - 1
+      const double with_major = RelativeErrorAlong(held_out, out_with, l, h, major, D);
+      const double with_minor = RelativeErrorAlong(held_out, out_with, l, h, minor, D);
+      const double without_minor = RelativeErrorAlong(held_out, out_without, l, h, minor, D);
+      EXPECT_LT(with_minor, 3 * with_major) << l << " " << h << ": " << with_minor << " vs " << with_major;
+      EXPECT_GT(without_minor, 10 * with_minor) << l << " " << h << ": " << without_minor << " vs " << with_minor;
+    }
+
+  // Where a transform cannot hold: a max-error bound is per original value.
+  CodecConfig bounded;
+  bounded.max_rel_error = 0.25;
+  bounded.profile = *with;
+  EXPECT_EQ(Encoder::Create(bounded)->Encode(ctx[3].view()).status().code(), StatusCode::kInvalidArgument);
+  // With rotation the transforms are not learned.
+  CodecConfig rotated;
+  rotated.rotate = true;
+  auto r = Profile::Train(views, rotated);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE((*r)->data().transform.empty());
+}
+
+TEST(Profile, HostileTransformsAreRejected) {
+  const auto ctx = CorrelatedContexts();
+  std::vector<KVView> views;
+  for (int i = 0; i < 3; ++i) views.push_back(ctx[i].view());
+  auto p = Profile::Train(views, CodecConfig{});
+  ASSERT_TRUE(p.ok());
+  const std::vector<uint8_t>& good = (*p)->bytes();
+  ExpectHostileRejected(good);
+  auto resealed = [](std::vector<uint8_t> b) {
+    b.resize(b.size() - 8);
+    ByteWriter w(&b);
+    w.U64(Checksum64(b));
+    return b;
+  };
+  // The block ends with section 3 (layer 1 V, no transform: one 0 byte),
+  // after section 2's presence byte and its 2 heads x D x D floats.
+  const size_t D = kShape.head_dim, matrices = kShape.kv_heads * D * D * 4;
+  const size_t v_byte = good.size() - 9, first = v_byte - matrices, presence = first - 1;
+  ASSERT_EQ(good[v_byte], 0);
+  ASSERT_EQ(good[presence], 1);
+  auto v = good;
+  v[presence] = 2;
+  EXPECT_EQ(Profile::Parse(resealed(v)).status().code(), StatusCode::kCorrupt);
+  for (float bad : {NAN, INFINITY, 2.0f}) {  // a non-finite entry, a column not of unit length
+    v = good;
+    std::memcpy(&v[first], &bad, 4);
+    EXPECT_EQ(Profile::Parse(resealed(v)).status().code(), StatusCode::kCorrupt) << bad;
+  }
+  v = good;
+  v[20] = 1;  // rotate
+  EXPECT_EQ(Profile::Parse(resealed(v)).status().code(), StatusCode::kCorrupt);
+  v = good;
+  v[4] = 2;  // version 2 does not know the transforms flag
   EXPECT_EQ(Profile::Parse(resealed(v)).status().code(), StatusCode::kCorrupt);
 }
 

@@ -22,7 +22,7 @@ namespace {
 struct ProfileArgs {
   std::string model, text, output;
   uint32_t contexts = 8, context = 384, continuation = 128, skip = 0, threads = 0;
-  bool rope = true, sensitivity = true, channel_weights = true;
+  bool rope = true, sensitivity = true, channel_weights = true, key_transform = true;
   std::vector<double> steps = engine::SensitivityOptions().steps;
   CodecConfig tuning;
 };
@@ -99,10 +99,12 @@ int RunTrain(const ProfileArgs& a) {
   std::vector<KVView> views;
   for (const KVTensor& t : kvs) views.push_back(t.view());
   // K sections only: V weights measured no gain on stories260K (docs/EVAL.md).
-  std::vector<std::vector<double>> channel_weights;
-  if (use_weights) channel_weights = weights.weights();
-  for (size_t i = 1; i < channel_weights.size(); i += 2) channel_weights[i].clear();
-  auto prof = Profile::Train(views, cfg, channel_weights);
+  ProfileTrainOptions train;
+  train.key_transform = a.key_transform;
+  if (use_weights) train.channel_weights = weights.weights();
+  for (size_t i = 1; i < train.channel_weights.size(); i += 2) train.channel_weights[i].clear();
+  if (a.key_transform && cfg.rotate) std::fprintf(stderr, "profile: key transforms skipped (not with --rotate)\n");
+  auto prof = Profile::Train(views, cfg, train);
   if (!prof.ok()) return Fail(prof.status());
   if (a.sensitivity) {
     engine::SensitivityOptions so;
@@ -119,10 +121,12 @@ int RunTrain(const ProfileArgs& a) {
   }
   Status st = WriteFileBytes(a.output, (*prof)->bytes());
   if (!st.ok()) return Fail(st);
-  std::printf("%s: profile %016llx, %zu bytes, %zu contexts x %u tokens, RoPE %s, sensitivities %s, key channel weights %s\n",
+  std::printf("%s: profile %016llx, %zu bytes, %zu contexts x %u tokens, RoPE %s, key transforms %s, "
+              "sensitivities %s, key channel weights %s\n",
               a.output.c_str(), static_cast<unsigned long long>((*prof)->id()), (*prof)->bytes().size(),
               views.size(), a.context, cfg.rope.kind == RopeConfig::Kind::kNone ? "off" : "undone",
-              a.sensitivity ? "measured" : "none", use_weights ? "from attention" : "none");
+              (*prof)->data().HasTransform(0) ? "learned" : "none", a.sensitivity ? "measured" : "none",
+              use_weights ? "from attention" : "none");
   return 0;
 }
 
@@ -153,6 +157,9 @@ const bool kRegistered = RegisterCommand(55, [](CLI::App& root) -> CommandRunner
               "Weigh key channels by their first-order effect on the attention output (the model's queries, "
               "attention weights, values and output matrix): within each head, K channel scales move "
               "half-way (in log) towards 1/sqrt(weight)")
+      ->capture_default_str();
+  t->add_flag("--key-transform,!--no-key-transform", a->key_transform,
+              "Learn a per-head decorrelating transform of the keys (KLT; frames code keys in that basis)")
       ->capture_default_str();
   t->add_option("--threads", a->threads, "llama.cpp threads (0: its default)")->capture_default_str();
   t->add_flag("--rope,!--no-rope", a->rope, "Learn keys with the model's RoPE undone (as the codec codes them)")

@@ -181,6 +181,10 @@ class CacheGenCodec final : public Codec {
            (d.rope.dims != p.rope.dims || d.rope.freq_base != p.rope.freq_base ||
             d.rope.freq_scale != p.rope.freq_scale)))
         return Status::InvalidArgument("profile was trained with other rope/rotate settings than this encoder's");
+      // A max-error target bounds each original value, and a transform
+      // spreads a coded channel's error over its head (as rotation does).
+      if (cfg.max_rel_error > 0 && !d.transform.empty())
+        return Status::InvalidArgument("a max-error target cannot use a profile with key transforms");
       p.profile = cfg.profile;
     }
     SectionLayout layout = MakeLayout(s, p, chunk.token_start, chunk.context_tokens);
@@ -208,6 +212,7 @@ class CacheGenCodec final : public Codec {
       }
       SectionLayout sl = layout;
       sl.section = uint32_t(i);
+      sl.SetProfileTransform();
       sl.lloyd = layout.lloyd && i % 2 == 0;
       analyses[i].emplace(sl, rows);
       return Status::Ok();
@@ -259,6 +264,7 @@ class CacheGenCodec final : public Codec {
   static SectionLayout Layout(const SectionContext& ctx, const Params& p) {
     SectionLayout l = MakeLayout(ctx.shape, p, ctx.token_start, ctx.context_tokens);
     l.section = SectionIndex(ctx.layer, ctx.kv);
+    l.SetProfileTransform();
     return l;
   }
   // The RoPE table a K section's decoded rows go through (none for V).

@@ -470,7 +470,7 @@ static bool FusedRope(const RopeTable* rope) {
 
 bool FusedApplies(const SectionLayout& l, const SectionSink& sink, bool use_delta) {
 #if defined(__x86_64__)
-  return simd::Avx2() && !l.rotate && FusedRope(sink.rope) && sink.view.strides().dim == 1 && l.head_dim % 8 == 0 &&
+  return simd::Avx2() && !l.rotate && !l.transform && FusedRope(sink.rope) && sink.view.strides().dim == 1 && l.head_dim % 8 == 0 &&
          (!use_delta || l.group_tokens >= 2);
 #else
   (void)l, (void)sink, (void)use_delta;

@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "codec/cachegen/hadamard.h"
+#include "codec/cachegen/head_transform.h"
 #include "codec/cachegen/profile_data.h"
 #include "codec/cachegen/rope.h"
 #include "codec/cachegen/section_coder.h"
@@ -21,10 +22,13 @@ namespace {
 
 constexpr uint32_t kMagic = 0x46504743;  // "CGPF"
 // Version 1: statistics and tables. Version 2 adds blocks named by flag
-// bits (sensitivities); a profile without them is written as version 1.
+// bits (sensitivities), version 3 one more (learned head transforms); a
+// profile is written with the lowest version that holds its blocks.
 constexpr uint16_t kVersion1 = 1;
 constexpr uint16_t kVersion2 = 2;
+constexpr uint16_t kVersion3 = 3;
 constexpr uint16_t kFlagSensitivity = 1;
+constexpr uint16_t kFlagTransforms = 2;
 // Sensitivities are finite and within these bounds (KL per squared step).
 constexpr float kMinSensitivity = 1e-30f, kMaxSensitivity = 1e30f;
 constexpr size_t kHeaderBytes = 56;
@@ -44,8 +48,9 @@ std::vector<uint8_t> Serialize(const internal::ProfileData& d) {
   ByteWriter w(&out);
   w.U32(kMagic);
   const bool sens = !d.sensitivity.empty();
-  w.U16(sens ? kVersion2 : kVersion1);
-  w.U16(sens ? kFlagSensitivity : 0);
+  const bool transforms = std::any_of(d.transform.begin(), d.transform.end(), [](auto& t) { return !t.empty(); });
+  w.U16(transforms ? kVersion3 : sens ? kVersion2 : kVersion1);
+  w.U16((sens ? kFlagSensitivity : 0) | (transforms ? kFlagTransforms : 0));
   w.U32(d.layers);
   w.U32(d.kv_heads);
   w.U32(d.head_dim);
@@ -74,11 +79,47 @@ std::vector<uint8_t> Serialize(const internal::ProfileData& d) {
         }
   }
   for (float v : d.sensitivity) w.F32(v);
+  if (transforms)
+    for (uint32_t sec = 0; sec < d.layers * 2; ++sec) {
+      w.U8(d.HasTransform(sec) ? 1 : 0);
+      if (d.HasTransform(sec))
+        for (float v : d.transform[sec]) w.F32(v);
+    }
   w.U64(Checksum64(out));
   return out;
 }
 
 Status Bad(const std::string& what) { return Status::Corrupt("profile: " + what); }
+
+// The transforms block: per section a presence byte, then H matrices of D x D f32.
+Status ParseTransforms(ByteReader& r, internal::ProfileData* d) {
+  const uint32_t sections = d->layers * 2, D = d->head_dim;
+  const uint64_t per_section = uint64_t{d->kv_heads} * D * D;
+  d->transform.assign(sections, {});
+  d->transform_t.assign(sections, {});
+  bool any = false;
+  for (uint32_t sec = 0; sec < sections; ++sec) {
+    const uint8_t present = r.U8();
+    if (!r.ok() || present > 1) return Bad("invalid head transform presence byte");
+    if (!present) continue;
+    if (r.remaining() < per_section * 4) return Bad("truncated head transforms");
+    std::vector<float>& u = d->transform[sec];
+    u.resize(per_section);
+    for (float& v : u) v = r.F32();
+    std::vector<float>& ut = d->transform_t[sec];
+    ut.resize(per_section);
+    for (uint32_t h = 0; h < d->kv_heads; ++h) {
+      const std::span<const float> head = std::span<const float>(u).subspan(size_t{h} * D * D, size_t{D} * D);
+      const Status st = CheckHeadTransform(head, D);
+      if (!st.ok()) return Bad(st.message());
+      const std::vector<float> t = Transposed(head, D);
+      std::copy(t.begin(), t.end(), ut.begin() + size_t{h} * D * D);
+    }
+    any = true;
+  }
+  if (!any) return Bad("transforms flag without a transform");
+  return Status::Ok();
+}
 
 Result<internal::ProfileData> ParseData(std::span<const uint8_t> bytes) {
   if (bytes.size() < kHeaderBytes + 8) return Bad("truncated (" + std::to_string(bytes.size()) + " bytes)");
@@ -86,9 +127,9 @@ Result<internal::ProfileData> ParseData(std::span<const uint8_t> bytes) {
   if (r.U32() != kMagic) return Bad("wrong magic (not a .cgprof)");
   const uint16_t version = r.U16();
   if (version == 0) return Bad("version 0");
-  if (version > kVersion2)
+  if (version > kVersion3)
     return Status::Unsupported("profile format version " + std::to_string(version) +
-                               " is newer than the supported version 2");
+                               " is newer than the supported version 3");
   const std::span<const uint8_t> body = bytes.first(bytes.size() - 8);
   ByteReader tail(bytes.subspan(bytes.size() - 8));
   if (tail.U64() != Checksum64(body)) return Bad("checksum mismatch");
@@ -108,7 +149,9 @@ Result<internal::ProfileData> ParseData(std::span<const uint8_t> bytes) {
   d.grid_points = r.U32();
   d.contexts = r.U32();
   d.tokens = r.U32();
-  const uint16_t known = version == kVersion1 ? 0 : kFlagSensitivity;
+  const uint16_t known = version == kVersion1   ? 0
+                         : version == kVersion2 ? kFlagSensitivity
+                                                : kFlagSensitivity | kFlagTransforms;
   if ((flags & ~known) != 0 || reserved != 0) return Bad("unknown flags or reserved bits set");
   if (rotate > 1) return Bad("invalid rotate byte");
   d.rotate = rotate;
@@ -116,6 +159,7 @@ Result<internal::ProfileData> ParseData(std::span<const uint8_t> bytes) {
       d.head_dim > 4096 || uint64_t{d.kv_heads} * d.head_dim > 65536)
     return Bad("shape out of limits");
   if (d.rotate && (d.head_dim & (d.head_dim - 1)) != 0) return Bad("rotation needs a power-of-two head dim");
+  if (d.rotate && (flags & kFlagTransforms)) return Bad("head transforms with rotation");
   if (kind > 2) return Bad("unknown RoPE kind " + std::to_string(kind));
   d.rope.kind = static_cast<RopeConfig::Kind>(kind);
   if (d.rope.kind == RopeConfig::Kind::kNone) {
@@ -169,6 +213,7 @@ Result<internal::ProfileData> ParseData(std::span<const uint8_t> bytes) {
       if (!(v >= kMinSensitivity && v <= kMaxSensitivity)) return Bad("sensitivity out of range");
     }
   }
+  if (flags & kFlagTransforms) CG_RETURN_IF_ERROR(ParseTransforms(r, &d));
   if (r.remaining() != 8) return Bad("trailing bytes before the checksum");
   return d;
 }
@@ -233,8 +278,67 @@ uint32_t Profile::layers() const { return data_->layers; }
 uint32_t Profile::kv_heads() const { return data_->kv_heads; }
 uint32_t Profile::head_dim() const { return data_->head_dim; }
 
+namespace {
+
+// Per head, the covariance (D x D) of a section's rows [tokens][H * D],
+// accumulated over calls.
+struct HeadCovariance {
+  uint32_t heads, dim;
+  uint64_t n = 0;
+  std::vector<double> sum, sum_xx;
+  HeadCovariance(uint32_t h, uint32_t d) : heads(h), dim(d), sum(size_t{h} * d), sum_xx(size_t{h} * d * d) {}
+  void Add(std::span<const float> rows) {
+    const uint32_t D = dim, C = heads * dim;
+    for (size_t t = 0; t < rows.size() / C; ++t, ++n)
+      for (uint32_t h = 0; h < heads; ++h) {
+        const float* x = &rows[t * C + size_t{h} * D];
+        double* xx = &sum_xx[size_t{h} * D * D];
+        for (uint32_t r = 0; r < D; ++r) {
+          sum[size_t{h} * D + r] += x[r];
+          for (uint32_t c = 0; c < D; ++c) xx[size_t{r} * D + c] += double(x[r]) * x[c];
+        }
+      }
+  }
+  std::vector<double> Of(uint32_t h) const {
+    const uint32_t D = dim;
+    std::vector<double> cov(size_t{D} * D);
+    const double* mu = &sum[size_t{h} * D];
+    for (uint32_t r = 0; r < D; ++r)
+      for (uint32_t c = 0; c < D; ++c)
+        cov[size_t{r} * D + c] = sum_xx[(size_t{h} * D + r) * D + c] / double(n) - mu[r] * mu[c] / (double(n) * n);
+    return cov;
+  }
+};
+
+// Per coded channel of one section, its weight diag(U^T M U) (diag(M)
+// without a transform), M the head's weight matrix.
+Result<std::vector<double>> CodedChannelWeights(const std::vector<double>& m, const internal::ProfileData& d,
+                                                uint32_t section) {
+  const uint32_t D = d.head_dim;
+  if (m.size() != size_t{d.kv_heads} * D * D)
+    return Status::InvalidArgument("profile: channel weights need a D x D matrix per KV head");
+  std::vector<double> w(d.channels(), 0);
+  for (uint32_t h = 0; h < d.kv_heads; ++h) {
+    const double* mh = &m[size_t{h} * D * D];
+    const float* u = d.HasTransform(section) ? &d.transform[section][size_t{h} * D * D] : nullptr;
+    for (uint32_t c = 0; c < D; ++c) {
+      double& wc = w[size_t{h} * D + c];
+      if (!u) {
+        wc = mh[size_t{c} * D + c];
+        continue;
+      }
+      for (uint32_t r = 0; r < D; ++r)
+        for (uint32_t q = 0; q < D; ++q) wc += double(u[size_t{r} * D + c]) * mh[size_t{r} * D + q] * u[size_t{q} * D + c];
+      wc = std::max(wc, 0.0);  // M is positive semidefinite; rounding may leave -0
+    }
+  }
+  return w;
+}
+
+}  // namespace
+
 Result<std::shared_ptr<const Profile>> Profile::Train(std::span<const KVView> contexts, const CodecConfig& cfg,
-                                                      std::span<const std::vector<double>> channel_weights) {
+                                                      const ProfileTrainOptions& options) {
   if (contexts.empty()) return Status::InvalidArgument("profile: no contexts to train on");
   const KVShape s0 = contexts[0].shape();
   internal::ProfileData d;
@@ -253,21 +357,28 @@ Result<std::shared_ptr<const Profile>> Profile::Train(std::span<const KVView> co
     CG_RETURN_IF_ERROR(ValidateRope(d.rope, s0.head_dim));
   }
   const uint32_t C = d.channels(), D = d.head_dim, sections = d.layers * 2;
+  const auto& channel_weights = options.channel_weights;
   if (!channel_weights.empty() && (channel_weights.size() != sections || d.rotate))
     return Status::InvalidArgument("profile: channel weights need one set per section and no rotation");
 
-  // Rows of every context in the coding domain: RoPE undone on keys, rotated.
+  // Rows of every context in the coding domain: RoPE undone on keys, rotated
+  // or transformed (once the section's transform is learned).
   auto coding_rows = [&](const KVView& kv, uint32_t section) {
     const KVShape& s = kv.shape();
-    std::vector<float> rows(size_t{s.tokens} * C);
-    std::optional<RopeTable> rope;
-    if (section % 2 == 0 && d.rope.kind != RopeConfig::Kind::kNone) rope.emplace(d.rope, 0, s.tokens);
+    std::vector<float> rows(size_t{s.tokens} * C), x(D);
+    const RopeTable* rope = nullptr;
+    if (section % 2 == 0 && d.rope.kind != RopeConfig::Kind::kNone) rope = &CachedRopeTable(d.rope, 0, s.tokens);
     for (uint32_t t = 0; t < s.tokens; ++t) {
       float* row = &rows[size_t{t} * C];
       kv.ReadRow(section / 2, section % 2 ? KV::kValue : KV::kKey, t, row);
       for (uint32_t h = 0; h < d.kv_heads; ++h) {
-        if (rope) rope->Apply(t, row + size_t{h} * D, /*inverse=*/true);
-        if (d.rotate) HadamardInPlace(row + size_t{h} * D, D);
+        float* head = row + size_t{h} * D;
+        if (rope) rope->Apply(t, head, /*inverse=*/true);
+        if (d.rotate) HadamardInPlace(head, D);
+        if (d.HasTransform(section)) {
+          std::copy(head, head + D, x.begin());
+          HeadToCoding(&d.transform[section][size_t{h} * D * D], x.data(), head, D);
+        }
       }
     }
     return rows;
@@ -280,6 +391,20 @@ Result<std::shared_ptr<const Profile>> Profile::Train(std::span<const KVView> co
     d.tokens += s.tokens;
   }
   d.contexts = static_cast<uint32_t>(contexts.size());
+
+  // Key transforms: the KLT of each head over all tokens of all contexts.
+  if (options.key_transform && !d.rotate) {
+    d.transform.assign(sections, {});
+    for (uint32_t sec = 0; sec < sections; sec += 2) {
+      HeadCovariance cov(d.kv_heads, D);
+      for (const KVView& kv : contexts) cov.Add(coding_rows(kv, sec));
+      std::vector<float>& u = d.transform[sec];
+      for (uint32_t h = 0; h < d.kv_heads; ++h) {
+        const std::vector<float> head = LearnHeadTransform(cov.Of(h), D);
+        u.insert(u.end(), head.begin(), head.end());
+      }
+    }
+  }
 
   // Channel statistics over all tokens of all contexts.
   d.sigma_code.assign(sections, std::vector<uint8_t>(C));
@@ -298,8 +423,10 @@ Result<std::shared_ptr<const Profile>> Profile::Train(std::span<const KVView> co
       mean[c] = sum[c] / d.tokens;
       var[c] = sum_sq[c] / d.tokens - mean[c] * mean[c];
     }
-    if (!channel_weights.empty() && !channel_weights[sec].empty())
-      CG_RETURN_IF_ERROR(WeightChannelScales(channel_weights[sec], D, &var));
+    if (!channel_weights.empty() && !channel_weights[sec].empty()) {
+      CG_ASSIGN_OR_RETURN(const std::vector<double> w, CodedChannelWeights(channel_weights[sec], d, sec));
+      CG_RETURN_IF_ERROR(WeightChannelScales(w, D, &var));
+    }
     for (uint32_t c = 0; c < C; ++c) ChannelCodes(mean[c], var[c], &d.sigma_code[sec][c], &d.mean_code[sec][c]);
   }
 

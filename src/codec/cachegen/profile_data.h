@@ -28,9 +28,14 @@ struct ProfileData {
   // distributions per unit of squared section step (format version 2); empty
   // when not measured. Rate control then sets step_i ∝ 1/sqrt(w_i).
   std::vector<float> sensitivity;
+  // Per section: empty, or per KV head an orthonormal D x D matrix U
+  // (head_transform.h; format version 3): the section is coded as U^T x.
+  // transform_t holds the transposes (for decoders), made on parse.
+  std::vector<std::vector<float>> transform, transform_t;
 
   static constexpr int32_t kGridPerOctave = 4;
   uint32_t channels() const { return kv_heads * head_dim; }
+  bool HasTransform(uint32_t section) const { return section < transform.size() && !transform[section].empty(); }
   const rans::FreqTable& Table(uint32_t section, uint32_t g, uint32_t head, uint32_t kind) const {
     return tables[((size_t{section} * grid_points + g) * kv_heads + head) * 2 + kind];
   }

@@ -7,6 +7,7 @@
 
 #include "codec/cachegen/fused_decode.h"
 #include "codec/cachegen/hadamard.h"
+#include "codec/cachegen/head_transform.h"
 #include "codec/cachegen/profile_data.h"
 #include "codec/cachegen/rope.h"
 #include "codec/rans.h"
@@ -338,6 +339,13 @@ void QuantizeRow(const float* row, const float* pred, const float* st, const flo
 
 }  // namespace
 
+void SectionLayout::SetProfileTransform() {
+  transform = transform_t = nullptr;
+  if (!profile || !profile->HasTransform(section)) return;
+  transform = profile->transform[section].data();
+  transform_t = profile->transform_t[section].data();
+}
+
 SectionAnalysis::SectionAnalysis(const SectionLayout& layout, std::span<const float> rows) : layout_(layout) {
   const uint32_t C = layout.channels(), D = layout.head_dim, T = layout.tokens, tq = layout.quantized_tokens();
   // Unrotated rows are read where they are (the caller keeps them alive).
@@ -348,11 +356,19 @@ SectionAnalysis::SectionAnalysis(const SectionLayout& layout, std::span<const fl
     for (uint32_t t = 0; t < tq; ++t)
       for (uint32_t h = 0; h < layout.kv_heads; ++h) HadamardInPlace(&y_[size_t{t} * C + size_t{h} * D], D);
     rows_ = y_;
+  } else if (layout.transform) {
+    y_.resize(rows_.size());
+    for (uint32_t t = 0; t < tq; ++t)
+      for (uint32_t h = 0; h < layout.kv_heads; ++h) {
+        const size_t at = size_t{t} * C + size_t{h} * D;
+        HeadToCoding(layout.transform + size_t{h} * D * D, &rows_[at], &y_[at], D);
+      }
+    rows_ = y_;
   }
 
   std::vector<double> sum(C, 0), sum_sq(C, 0);
   ChannelSums(rows_.data(), tq, C, sum.data(), sum_sq.data());
-  // The rotation is orthonormal: the rotated rows' power is the original's
+  // The rotation and transforms are orthonormal: the coded rows' power is the original's
   // (up to rounding).
   for (double v : sum_sq) signal_power_ += v;
   for (float v : exact_) signal_power_ += double(v) * v;
@@ -697,7 +713,7 @@ DequantFn PickDequant() {
 struct DecodeScratch {
   std::vector<rans::ParsedStream> streams;
   std::vector<uint32_t> symbols;
-  std::vector<float> sigma, mean, st, st_recent, anchor, row, levels;
+  std::vector<float> sigma, mean, st, st_recent, anchor, row, transformed, levels;
   std::vector<std::vector<uint8_t>> spliced;  // table-form streams rebuilt with their profile table
 };
 
@@ -834,11 +850,12 @@ Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> pa
   uint32_t* symbols = GrowScratch(sc.symbols, size_t{batch} * (na + nd));
   float* anchor = GrowScratch(sc.anchor, D);
   float* row = GrowScratch(sc.row, D);
+  float* transformed = l.transform ? GrowScratch(sc.transformed, D) : nullptr;
   const DequantFn dequant = PickDequant();
   const uint32_t G = use_delta ? l.group_tokens : 1;
 #if defined(__x86_64__)
   const bool fused_f16 =
-      !levels && !l.rotate && !sink.rope && sink.view.dtype() == DType::kF16 && sink.view.strides().dim == 1 && simd::Avx2();
+      !levels && !l.rotate && !l.transform && !sink.rope && sink.view.dtype() == DType::kF16 && sink.view.strides().dim == 1 && simd::Avx2();
 #endif
 
   // The fused path knows the flags above; a section with any other (a later
@@ -926,6 +943,9 @@ Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> pa
               rec = row;
             }
             HadamardInPlace(rec, D);
+          } else if (l.transform) {
+            HeadFromCoding(l.transform_t + size_t{head} * D * D, rec, transformed, D);
+            rec = transformed;
           }
           sink.Store(t, head, rec);
         }

@@ -1,6 +1,7 @@
 // The cachegen codec's per-section coder: one (layer, K|V) of one chunk.
 //
-// Pipeline (docs/FORMAT.md, "The cachegen codec"): optional per-head Hadamard rotation,
+// Pipeline (docs/FORMAT.md, "The cachegen codec"): optional per-head Hadamard rotation
+// or learned transform (a profile's, head_transform.h),
 // per-channel mean and scale, token groups of G whose first token (anchor) is
 // quantized against the channel mean and whose other tokens are quantized as
 // deltas against the *reconstructed* anchor (closed loop: no drift, groups are
@@ -45,10 +46,17 @@ struct SectionLayout {
   // section `section` = 2 * layer + (V ? 1 : 0) come from it), or none.
   const internal::ProfileData* profile = nullptr;
   uint32_t section = 0;
+  // The profile's learned per-head transform of this section (U and U^T,
+  // H x D x D each; SetProfileTransform), or null: rows are coded as U^T x.
+  const float* transform = nullptr;
+  const float* transform_t = nullptr;
   // Encoder only: learn a reconstruction codebook and quantize with a rate
   // term (CodecConfig::quantizer kLloyd); the decoder reads the section flag.
   bool lloyd = false;
   uint32_t channels() const { return kv_heads * head_dim; }
+  // Sets transform/transform_t from the profile's section `section` (none
+  // when the profile has no transform there).
+  void SetProfileTransform();
   // Tokens coded through the quantizer: all but an exact f16 tail.
   uint32_t quantized_tokens() const { return recent_step_scale == 0 ? recent_begin : tokens; }
 };

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
-#include <optional>
 
 #include <ggml.h>
 #include <gguf.h>
@@ -83,69 +82,90 @@ void ChannelWeightAccumulator::ObserveQueries(uint32_t layer, int32_t pos0, std:
   std::copy(q.begin(), q.end(), dst.begin() + at);
 }
 
+// One layer's keys and values of the window, [token][kv_head * D + d].
+struct ChannelWeightAccumulator::LayerRows {
+  uint32_t tokens = 0, channels = 0;
+  std::vector<float> keys, values;
+  const float* Key(uint32_t n, uint32_t h, uint32_t D) const { return &keys[size_t{n} * channels + size_t{h} * D]; }
+  const float* Value(uint32_t n, uint32_t h, uint32_t D) const { return &values[size_t{n} * channels + size_t{h} * D]; }
+};
+
+// Query m of query head j (KV head h): its attention over keys 0..m, output,
+// and each key's K term, folded into wk (h's D x D block). Returns sum_n a^2.
+double ChannelWeightAccumulator::AddQuery(const LayerRows& rows, const float* qm, uint32_t m, uint32_t h,
+                                          const float* gram, const RopeTable* rope, double* wk) {
+  const uint32_t D = info_.head_dim;
+  const double scale = 1.0 / std::sqrt(double(D));  // llama.cpp's kq_scale
+  std::vector<double>& a = scratch_.a;
+  std::vector<double>& o = scratch_.o;
+  std::vector<double>& diff = scratch_.diff;
+  std::vector<float>& u = scratch_.u;
+  a.resize(m + 1);
+  double top = -1e300, total = 0;
+  for (uint32_t n = 0; n <= m; ++n) {
+    const float* k = rows.Key(n, h, D);
+    double dot = 0;
+    for (uint32_t d = 0; d < D; ++d) dot += double(qm[d]) * k[d];
+    top = std::max(top, a[n] = dot * scale);
+  }
+  for (uint32_t n = 0; n <= m; ++n) total += (a[n] = std::exp(a[n] - top));
+  o.assign(D, 0.0);
+  for (uint32_t n = 0; n <= m; ++n) {
+    a[n] /= total;
+    const float* v = rows.Value(n, h, D);
+    for (uint32_t d = 0; d < D; ++d) o[d] += a[n] * v[d];
+  }
+  double sum_a2 = 0;
+  diff.resize(D);
+  u.resize(D);
+  for (uint32_t n = 0; n <= m; ++n) {
+    const double a2 = a[n] * a[n];
+    sum_a2 += a2;
+    const float* v = rows.Value(n, h, D);
+    for (uint32_t d = 0; d < D; ++d) diff[d] = v[d] - o[d];
+    double spread = 0;  // |W_j (v_n - o)|^2
+    for (uint32_t r = 0; r < D; ++r) {
+      double row = 0;
+      for (uint32_t c = 0; c < D; ++c) row += double(gram[r * D + c]) * diff[c];
+      spread += diff[r] * row;
+    }
+    std::copy(qm, qm + D, u.begin());
+    if (rope) rope->Apply(n, u.data(), /*inverse=*/true);
+    const double f = a2 * spread;
+    for (uint32_t r = 0; r < D; ++r)
+      for (uint32_t c = 0; c < D; ++c) wk[size_t{r} * D + c] += f * double(u[r]) * u[c];
+  }
+  return sum_a2;
+}
+
 Status ChannelWeightAccumulator::AddWindow(const KVView& kv) {
   const KVShape& s = kv.shape();
   const uint32_t H = info_.heads, HK = info_.kv_heads, D = info_.head_dim, T = s.tokens, C = HK * D;
   if (s.layers != info_.layers || s.kv_heads != HK || s.head_dim != D || H == 0 || H % HK != 0 ||
       grams_.size() != info_.layers)
     return Status::InvalidArgument("channel weights: KV shape " + s.ToString() + " differs from the model's");
-  std::optional<RopeTable> rope;
-  if (rope_.kind != RopeConfig::Kind::kNone) rope.emplace(rope_, 0, T);
-  if (weights_.empty()) weights_.assign(size_t{info_.layers} * 2, std::vector<double>(C, 0));
-  const double scale = 1.0 / std::sqrt(double(D));  // llama.cpp's kq_scale
-  const double work = 0.5 * double(T) * T * H * (double(D) * D + 4 * D);
+  const RopeTable* rope = rope_.kind != RopeConfig::Kind::kNone ? &CachedRopeTable(rope_, 0, T) : nullptr;
+  if (weights_.empty()) weights_.assign(size_t{info_.layers} * 2, std::vector<double>(size_t{HK} * D * D, 0));
+  const double work = 0.5 * double(T) * T * H * (2.0 * D * D + 4 * D);
   const uint32_t stride = static_cast<uint32_t>(std::max(1.0, std::ceil(work / kWorkPerLayer)));
-  std::vector<float> keys(size_t{T} * C), values(size_t{T} * C), u(D);
-  std::vector<double> a(T), o(D), diff(D);
+  LayerRows rows{T, C, std::vector<float>(size_t{T} * C), std::vector<float>(size_t{T} * C)};
   for (uint32_t l = 0; l < info_.layers; ++l) {
     const std::vector<float>& q = queries_[l];
     if (q.size() < size_t{T} * H * D)
       return Status::Internal("channel weights: queries of layer " + std::to_string(l) + " were not observed");
     for (uint32_t t = 0; t < T; ++t) {
-      kv.ReadRow(l, KV::kKey, t, &keys[size_t{t} * C]);
-      kv.ReadRow(l, KV::kValue, t, &values[size_t{t} * C]);
+      kv.ReadRow(l, KV::kKey, t, &rows.keys[size_t{t} * C]);
+      kv.ReadRow(l, KV::kValue, t, &rows.values[size_t{t} * C]);
     }
-    std::vector<double>& wk = weights_[2 * l];
-    std::vector<double>& wv = weights_[2 * l + 1];
     for (uint32_t j = 0; j < H; ++j) {
       const uint32_t h = j / (H / HK);
       const float* gram = &grams_[l][size_t{j} * D * D];
+      double* wk = &weights_[2 * l][size_t{h} * D * D];
       double sum_a2 = 0;
-      for (uint32_t m = stride - 1; m < T; m += stride) {
-        const float* qm = &q[(size_t{m} * H + j) * D];
-        // Attention weights of query m and its output.
-        double top = -1e300, total = 0;
-        for (uint32_t n = 0; n <= m; ++n) {
-          const float* k = &keys[size_t{n} * C + size_t{h} * D];
-          double dot = 0;
-          for (uint32_t d = 0; d < D; ++d) dot += double(qm[d]) * k[d];
-          top = std::max(top, a[n] = dot * scale);
-        }
-        for (uint32_t n = 0; n <= m; ++n) total += (a[n] = std::exp(a[n] - top));
-        std::fill(o.begin(), o.end(), 0.0);
-        for (uint32_t n = 0; n <= m; ++n) {
-          a[n] /= total;
-          const float* v = &values[size_t{n} * C + size_t{h} * D];
-          for (uint32_t d = 0; d < D; ++d) o[d] += a[n] * v[d];
-        }
-        for (uint32_t n = 0; n <= m; ++n) {
-          const double a2 = a[n] * a[n];
-          sum_a2 += a2;
-          const float* v = &values[size_t{n} * C + size_t{h} * D];
-          for (uint32_t d = 0; d < D; ++d) diff[d] = v[d] - o[d];
-          double spread = 0;  // |W_j (v_n - o)|^2
-          for (uint32_t r = 0; r < D; ++r) {
-            double row = 0;
-            for (uint32_t c = 0; c < D; ++c) row += double(gram[r * D + c]) * diff[c];
-            spread += diff[r] * row;
-          }
-          std::copy(qm, qm + D, u.begin());
-          if (rope) rope->Apply(n, u.data(), /*inverse=*/true);
-          const double f = a2 * spread;
-          for (uint32_t c = 0; c < D; ++c) wk[size_t{h} * D + c] += f * double(u[c]) * u[c];
-        }
-      }
-      for (uint32_t d = 0; d < D; ++d) wv[size_t{h} * D + d] += sum_a2 * gram[d * D + d];
+      for (uint32_t m = stride - 1; m < T; m += stride)
+        sum_a2 += AddQuery(rows, &q[(size_t{m} * H + j) * D], m, h, gram, rope, wk);
+      double* wv = &weights_[2 * l + 1][size_t{h} * D * D];
+      for (size_t i = 0; i < size_t{D} * D; ++i) wv[i] += sum_a2 * gram[i];
     }
   }
   for (auto& q : queries_) q.clear();

@@ -40,6 +40,7 @@ Status QuantizeSection(const internal::ProfileData& d, bool lloyd, uint32_t sec,
   l.recent_begin = s.tokens;
   l.profile = &d;
   l.section = sec;
+  l.SetProfileTransform();
   l.lloyd = lloyd && kv == KV::kKey;  // as the encoder uses it
   const SectionAnalysis a(l, rows);
   std::vector<uint8_t> payload;
