@@ -40,10 +40,14 @@ struct ProfileTrainOptions {
   // costs e^T M e (e.g. from the model's attention,
   // src/engine/llama/channel_weights.h). Each coded channel c then weighs
   // w_c = (U^T M U)_cc (M_cc without a transform), and within each head the
-  // section's channel scales move half-way (in log) from the measured σ
-  // towards ∝ 1/sqrt(w_c), the head keeping its geometric-mean scale, so
-  // frames' steps put bits where they count. Not with rotate.
+  // section's channel scales move from the measured σ towards ∝ 1/sqrt(w_c)
+  // (in log, by channel_weight_strength of the way), the head keeping its
+  // geometric-mean scale, so frames' steps put bits where they count. Not
+  // with rotate.
   std::vector<std::vector<double>> channel_weights;
+  // The fraction of that move, in (0, 1]; 0 = the measured default: the whole
+  // way in a section with a key transform, half-way without (docs/EVAL.md).
+  double channel_weight_strength = 0;
 };
 
 class Profile {

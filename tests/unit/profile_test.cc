@@ -162,6 +162,20 @@ TEST(Profile, ChannelWeightsMoveScalesWithinHeads) {
     for (uint32_t d = 0; d < D; ++d) EXPECT_NEAR(b[h * D + d], pred[d] + mean_a - mean_pred, 1.01) << h << " " << d;
   }
   for (uint32_t s = 1; s < sections; ++s) EXPECT_EQ((*plain)->data().sigma_code[s], (*weighted)->data().sigma_code[s]) << s;
+  // The whole way (the default in sections with a key transform): log2 s' = -(c % 4) / 2 + per-head constant.
+  ProfileTrainOptions whole = o;
+  whole.channel_weight_strength = 1;
+  auto full = Profile::Train(views, CodecConfig{}, whole);
+  ASSERT_TRUE(full.ok()) << full.status().ToString();
+  for (uint32_t h = 0; h < kShape.kv_heads; ++h) {
+    const auto& f = (*full)->data().sigma_code[0];
+    for (uint32_t d = 1; d < D; ++d) {
+      const uint32_t c = h * D + d;
+      EXPECT_NEAR(int(f[c]) - int(f[h * D]), -4.0 * (int(c % 4) - int((h * D) % 4)), 1.01) << h << " " << d;
+    }
+  }
+  whole.channel_weight_strength = 1.5;
+  EXPECT_EQ(Profile::Train(views, CodecConfig{}, whole).status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(a, b);
   EXPECT_NE((*plain)->id(), (*weighted)->id());
 

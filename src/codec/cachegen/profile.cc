@@ -229,14 +229,16 @@ std::unordered_map<uint64_t, std::shared_ptr<const Profile>>& Registry() {
 
 // Moves a section's channel scales towards ∝ 1/sqrt(w_c), the high-rate
 // optimum for a weighted squared error sum_c w_c e_c^2 (steps are scale *
-// section step), within each head only and half-way in log terms:
-//   log s'_c = log s_c + (t_c - mean of t over c's head) / 2,
+// section step), within each head only, by a fraction f of the way in log:
+//   log s'_c = log s_c + f (t_c - mean of t over c's head),
 //   t_c = log(1 / sqrt(w_c)) - log s_c.
-// Measured on stories260K (docs/EVAL.md, 60 windows): the whole rule, or
-// moving heads' mean scales too, lost to this at most rates; one frame table
-// serves a head's channels, so spreading their resolutions costs rate the rule
-// does not see, and the section sensitivities already weigh sections.
-Status WeightChannelScales(const std::vector<double>& w, uint32_t head_dim, std::vector<double>* var) {
+// Measured on stories260K (docs/EVAL.md, 60 windows): without key transforms
+// f = 1/2 beat the whole rule (f = 1) and moving heads' mean scales too (one
+// frame table serves a head's correlated channels, so spreading their
+// resolutions costs rate the rule does not see, and the section sensitivities
+// already weigh sections); in the decorrelated basis of a key transform the
+// whole rule measured better (KL -48 % at 1.5 bits/value, within ±5 % at 2-4).
+Status WeightChannelScales(const std::vector<double>& w, uint32_t head_dim, double f, std::vector<double>* var) {
   const size_t C = var->size();
   if (w.size() != C || head_dim == 0 || C % head_dim)
     return Status::InvalidArgument("profile: channel weights of another channel count");
@@ -255,7 +257,7 @@ Status WeightChannelScales(const std::vector<double>& w, uint32_t head_dim, std:
     double head = 0;
     for (size_t c = h * head_dim; c < (h + 1) * head_dim; ++c) head += t[c] / head_dim;
     for (size_t c = h * head_dim; c < (h + 1) * head_dim; ++c)
-      (*var)[c] = std::exp(2 * log_sigma[c] + (t[c] - head));
+      (*var)[c] = std::exp(2 * (log_sigma[c] + f * (t[c] - head)));
   }
   return Status::Ok();
 }
@@ -358,6 +360,8 @@ Result<std::shared_ptr<const Profile>> Profile::Train(std::span<const KVView> co
   }
   const uint32_t C = d.channels(), D = d.head_dim, sections = d.layers * 2;
   const auto& channel_weights = options.channel_weights;
+  if (!(options.channel_weight_strength >= 0 && options.channel_weight_strength <= 1))
+    return Status::InvalidArgument("profile: channel weight strength must be in [0, 1]");
   if (!channel_weights.empty() && (channel_weights.size() != sections || d.rotate))
     return Status::InvalidArgument("profile: channel weights need one set per section and no rotation");
 
@@ -425,7 +429,10 @@ Result<std::shared_ptr<const Profile>> Profile::Train(std::span<const KVView> co
     }
     if (!channel_weights.empty() && !channel_weights[sec].empty()) {
       CG_ASSIGN_OR_RETURN(const std::vector<double> w, CodedChannelWeights(channel_weights[sec], d, sec));
-      CG_RETURN_IF_ERROR(WeightChannelScales(w, D, &var));
+      const double f = options.channel_weight_strength > 0 ? options.channel_weight_strength
+                       : d.HasTransform(sec)                ? 1.0
+                                                            : 0.5;
+      CG_RETURN_IF_ERROR(WeightChannelScales(w, D, f, &var));
     }
     for (uint32_t c = 0; c < C; ++c) ChannelCodes(mean[c], var[c], &d.sigma_code[sec][c], &d.mean_code[sec][c]);
   }
