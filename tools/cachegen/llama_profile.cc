@@ -156,7 +156,7 @@ const bool kRegistered = RegisterCommand(55, [](CLI::App& root) -> CommandRunner
   t->add_flag("--channel-weights,!--no-channel-weights", a->channel_weights,
               "Weigh key channels by their first-order effect on the attention output (the model's queries, "
               "attention weights, values and output matrix): within each head, K channel scales move "
-              "half-way (in log) towards 1/sqrt(weight)")
+              "towards 1/sqrt(weight) (in log; the whole way with key transforms, half-way without)")
       ->capture_default_str();
   t->add_flag("--key-transform,!--no-key-transform", a->key_transform,
               "Learn a per-head decorrelating transform of the keys (KLT; frames code keys in that basis)")
