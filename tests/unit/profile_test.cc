@@ -66,15 +66,29 @@ std::shared_ptr<const Profile> WithSensitivity(const Profile& p, std::vector<flo
   return q.ok() ? *q : nullptr;
 }
 
-TEST(Profile, SensitivitiesMakeVersion2AndRoundTrip) {
+// The same bytes with another version and flags, checksum renewed.
+std::vector<uint8_t> Resealed(std::vector<uint8_t> b) {
+  b.resize(b.size() - 8);
+  ByteWriter w(&b);
+  w.U64(Checksum64(b));
+  return b;
+}
+std::vector<uint8_t> AsVersion(std::vector<uint8_t> b, uint8_t version, uint8_t flags) {
+  b[4] = version, b[5] = 0, b[6] = flags, b[7] = 0;
+  return Resealed(std::move(b));
+}
+
+TEST(Profile, SensitivitiesRoundTrip) {
   auto p = Trained();
   ASSERT_TRUE(p);
-  EXPECT_EQ(p->bytes()[4], 1);  // no sensitivities: still written as version 1
+  EXPECT_EQ(p->bytes()[4], 3);  // version 3 records the quantizer the tables are for
+  EXPECT_EQ(p->bytes()[6], 0);  // no sensitivities, no transforms, uniform tables
   EXPECT_TRUE(p->data().sensitivity.empty());
   const std::vector<float> w = {1e-3f, 2e-4f, 4e-3f, 5e-4f};
   auto q = WithSensitivity(*p, w);
   ASSERT_TRUE(q);
-  EXPECT_EQ(q->bytes()[4], 2);
+  EXPECT_EQ(q->bytes()[4], 3);
+  EXPECT_EQ(q->bytes()[6], 1);
   EXPECT_EQ(q->bytes().size(), p->bytes().size() + 4 * w.size());
   EXPECT_NE(q->id(), p->id());
   auto again = Profile::Parse(q->bytes());
@@ -88,6 +102,16 @@ TEST(Profile, SensitivitiesMakeVersion2AndRoundTrip) {
   for (size_t i = 0; i < f.size(); ++i) log_sum += std::log(f[i]);
   EXPECT_NEAR(log_sum, 0, 1e-5);
   EXPECT_NEAR(f[0] / f[2], std::sqrt(w[2] / w[0]), 1e-5);
+
+  // Versions 1 and 2 (before the quantizer was recorded) still parse, not saying it.
+  auto v1 = Profile::Parse(AsVersion(p->bytes(), 1, 0));
+  ASSERT_TRUE(v1.ok()) << v1.status().ToString();
+  EXPECT_EQ((*v1)->data().tables_for, internal::ProfileData::TablesFor::kUnknown);
+  EXPECT_EQ(p->data().tables_for, internal::ProfileData::TablesFor::kUniform);
+  EXPECT_EQ((*v1)->data().sigma_code, p->data().sigma_code);
+  auto v2 = Profile::Parse(AsVersion(q->bytes(), 2, 1));
+  ASSERT_TRUE(v2.ok()) << v2.status().ToString();
+  EXPECT_EQ((*v2)->data().sensitivity, w);
 
   EXPECT_EQ(p->WithSensitivity(std::vector<float>{1, 2}).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(p->WithSensitivity(std::vector<float>{1, 2, 0, 1}).status().code(), StatusCode::kInvalidArgument);
@@ -104,27 +128,21 @@ void ExpectHostileRejected(const std::vector<uint8_t>& good) {
     EXPECT_FALSE(Profile::Parse(bad).ok()) << i;  // corrupt (unsupported for a version byte)
   }
   // Valid checksum, invalid fields: the field checks behind it.
-  auto resealed = [](std::vector<uint8_t> b) {
-    b.resize(b.size() - 8);
-    ByteWriter w(&b);
-    w.U64(Checksum64(b));
-    return b;
-  };
   auto v = good;
   v[4] = 4;  // version 4
-  EXPECT_EQ(Profile::Parse(resealed(v)).status().code(), StatusCode::kUnsupported);
+  EXPECT_EQ(Profile::Parse(Resealed(v)).status().code(), StatusCode::kUnsupported);
   v = good;
-  v[6] |= 4;  // an unknown flag
-  EXPECT_EQ(Profile::Parse(resealed(v)).status().code(), StatusCode::kCorrupt);
+  v[6] |= 8;  // an unknown flag
+  EXPECT_EQ(Profile::Parse(Resealed(v)).status().code(), StatusCode::kCorrupt);
   v = good;
   v[8] = 0, v[9] = 0, v[10] = 0, v[11] = 0;  // layers 0
-  EXPECT_EQ(Profile::Parse(resealed(v)).status().code(), StatusCode::kCorrupt);
+  EXPECT_EQ(Profile::Parse(Resealed(v)).status().code(), StatusCode::kCorrupt);
   v = good;
   v[44] = 0xff, v[45] = 0xff;  // grid points 65535
-  EXPECT_EQ(Profile::Parse(resealed(v)).status().code(), StatusCode::kCorrupt);
+  EXPECT_EQ(Profile::Parse(Resealed(v)).status().code(), StatusCode::kCorrupt);
   v = good;
   v.insert(v.end() - 8, 0);  // a trailing byte
-  EXPECT_EQ(Profile::Parse(resealed(v)).status().code(), StatusCode::kCorrupt);
+  EXPECT_EQ(Profile::Parse(Resealed(v)).status().code(), StatusCode::kCorrupt);
 }
 
 // Channel weights move a section's scales half-way (in log) towards
@@ -202,16 +220,11 @@ TEST(Profile, HostileBytesAreRejected) {
   auto p = Trained();
   ASSERT_TRUE(p);
   ExpectHostileRejected(p->bytes());
-  auto resealed = [](std::vector<uint8_t> b) {
-    b.resize(b.size() - 8);
-    ByteWriter w(&b);
-    w.U64(Checksum64(b));
-    return b;
-  };
-  // Version 1 does not know the sensitivity flag.
+  // Version 1 knows no flag, version 2 only the sensitivity flag.
+  EXPECT_EQ(Profile::Parse(AsVersion(p->bytes(), 1, 1)).status().code(), StatusCode::kCorrupt);
+  EXPECT_EQ(Profile::Parse(AsVersion(p->bytes(), 2, 4)).status().code(), StatusCode::kCorrupt);
+  EXPECT_EQ(Profile::Parse(AsVersion(p->bytes(), 2, 2)).status().code(), StatusCode::kCorrupt);
   auto v = p->bytes();
-  v[6] = 1;
-  EXPECT_EQ(Profile::Parse(resealed(v)).status().code(), StatusCode::kCorrupt);
 
   auto q = WithSensitivity(*p, {1e-3f, 2e-4f, 4e-3f, 5e-4f});
   ASSERT_TRUE(q);
@@ -220,11 +233,11 @@ TEST(Profile, HostileBytesAreRejected) {
   for (float bad : {0.0f, -1.0f, NAN, INFINITY, 1e31f}) {
     v = q->bytes();
     std::memcpy(&v[last], &bad, 4);
-    EXPECT_EQ(Profile::Parse(resealed(v)).status().code(), StatusCode::kCorrupt) << bad;
+    EXPECT_EQ(Profile::Parse(Resealed(v)).status().code(), StatusCode::kCorrupt) << bad;
   }
   v = q->bytes();
   v[6] = 0;  // flag cleared: the sensitivities are trailing bytes
-  EXPECT_EQ(Profile::Parse(resealed(v)).status().code(), StatusCode::kCorrupt);
+  EXPECT_EQ(Profile::Parse(Resealed(v)).status().code(), StatusCode::kCorrupt);
 }
 
 // Keys whose channels are strongly correlated within each head (each head's
@@ -312,8 +325,9 @@ TEST(Profile, KeyTransformsDecorrelateHeldOutKeys) {
   auto without = Profile::Train(views, CodecConfig{}, NoTransforms());
   ASSERT_TRUE(with.ok() && without.ok());
   const internal::ProfileData& d = (*with)->data();
-  EXPECT_EQ((*with)->bytes()[4], 3);
-  EXPECT_EQ((*without)->bytes()[4], 1);
+  EXPECT_EQ((*with)->bytes()[6], 2);  // the transforms flag
+  EXPECT_EQ((*without)->bytes()[6], 0);
+  EXPECT_TRUE((*without)->data().transform.empty());
   const uint32_t D = kShape.head_dim;
   for (uint32_t sec = 0; sec < kShape.layers * 2; ++sec) {
     ASSERT_EQ(d.HasTransform(sec), sec % 2 == 0) << sec;
@@ -374,12 +388,6 @@ TEST(Profile, HostileTransformsAreRejected) {
   ASSERT_TRUE(p.ok());
   const std::vector<uint8_t>& good = (*p)->bytes();
   ExpectHostileRejected(good);
-  auto resealed = [](std::vector<uint8_t> b) {
-    b.resize(b.size() - 8);
-    ByteWriter w(&b);
-    w.U64(Checksum64(b));
-    return b;
-  };
   // The block ends with section 3 (layer 1 V, no transform: one 0 byte),
   // after section 2's presence byte and its 2 heads x D x D floats.
   const size_t D = kShape.head_dim, matrices = kShape.kv_heads * D * D * 4;
@@ -388,18 +396,46 @@ TEST(Profile, HostileTransformsAreRejected) {
   ASSERT_EQ(good[presence], 1);
   auto v = good;
   v[presence] = 2;
-  EXPECT_EQ(Profile::Parse(resealed(v)).status().code(), StatusCode::kCorrupt);
+  EXPECT_EQ(Profile::Parse(Resealed(v)).status().code(), StatusCode::kCorrupt);
   for (float bad : {NAN, INFINITY, 2.0f}) {  // a non-finite entry, a column not of unit length
     v = good;
     std::memcpy(&v[first], &bad, 4);
-    EXPECT_EQ(Profile::Parse(resealed(v)).status().code(), StatusCode::kCorrupt) << bad;
+    EXPECT_EQ(Profile::Parse(Resealed(v)).status().code(), StatusCode::kCorrupt) << bad;
   }
   v = good;
   v[20] = 1;  // rotate
-  EXPECT_EQ(Profile::Parse(resealed(v)).status().code(), StatusCode::kCorrupt);
+  EXPECT_EQ(Profile::Parse(Resealed(v)).status().code(), StatusCode::kCorrupt);
   v = good;
   v[4] = 2;  // version 2 does not know the transforms flag
-  EXPECT_EQ(Profile::Parse(resealed(v)).status().code(), StatusCode::kCorrupt);
+  EXPECT_EQ(Profile::Parse(Resealed(v)).status().code(), StatusCode::kCorrupt);
+}
+
+// A profile's tables are of one quantizer's symbols: encoding with the other
+// is refused (it would silently cost rate); versions 1 and 2 do not say.
+TEST(Profile, EncoderRefusesTheOtherQuantizer) {
+  CodecConfig lloyd;
+  lloyd.quantizer = CodecConfig::Quantizer::kLloyd;
+  auto pl = Trained(lloyd), pu = Trained();
+  ASSERT_TRUE(pl && pu);
+  EXPECT_EQ(pl->data().tables_for, internal::ProfileData::TablesFor::kLloyd);
+  EXPECT_EQ(pl->bytes()[6], 4);
+  const KVTensor kv = Contexts(3, 1)[0];
+  auto encode = [&](std::shared_ptr<const Profile> p, CodecConfig::Quantizer q) {
+    CodecConfig cfg;
+    cfg.profile = std::move(p);
+    cfg.quantizer = q;
+    return Encoder::Create(cfg)->Encode(kv.view()).status();
+  };
+  EXPECT_TRUE(encode(pl, CodecConfig::Quantizer::kLloyd).ok());
+  EXPECT_TRUE(encode(pu, CodecConfig::Quantizer::kUniform).ok());
+  const Status wrong = encode(pl, CodecConfig::Quantizer::kUniform);
+  EXPECT_EQ(wrong.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(wrong.message().find("--quantizer lloyd"), std::string::npos) << wrong.ToString();
+  EXPECT_EQ(encode(pu, CodecConfig::Quantizer::kLloyd).code(), StatusCode::kInvalidArgument);
+  auto legacy = Profile::Parse(AsVersion(pl->bytes(), 1, 0));
+  ASSERT_TRUE(legacy.ok());
+  EXPECT_TRUE(encode(*legacy, CodecConfig::Quantizer::kUniform).ok());
+  EXPECT_TRUE(encode(*legacy, CodecConfig::Quantizer::kLloyd).ok());
 }
 
 // With sensitivities, rate control gives the sensitive section finer steps

@@ -29,6 +29,7 @@ constexpr uint16_t kVersion2 = 2;
 constexpr uint16_t kVersion3 = 3;
 constexpr uint16_t kFlagSensitivity = 1;
 constexpr uint16_t kFlagTransforms = 2;
+constexpr uint16_t kFlagLloydTables = 4;  // version 3: K tables of the learned quantizer (else uniform)
 // Sensitivities are finite and within these bounds (KL per squared step).
 constexpr float kMinSensitivity = 1e-30f, kMaxSensitivity = 1e30f;
 constexpr size_t kHeaderBytes = 56;
@@ -49,8 +50,11 @@ std::vector<uint8_t> Serialize(const internal::ProfileData& d) {
   w.U32(kMagic);
   const bool sens = !d.sensitivity.empty();
   const bool transforms = std::any_of(d.transform.begin(), d.transform.end(), [](auto& t) { return !t.empty(); });
-  w.U16(transforms ? kVersion3 : sens ? kVersion2 : kVersion1);
-  w.U16((sens ? kFlagSensitivity : 0) | (transforms ? kFlagTransforms : 0));
+  // Version 3 records the quantizer; a profile that does not know it stays at 1 or 2.
+  const bool v3 = transforms || d.tables_for != internal::ProfileData::TablesFor::kUnknown;
+  const bool lloyd = d.tables_for == internal::ProfileData::TablesFor::kLloyd;
+  w.U16(v3 ? kVersion3 : sens ? kVersion2 : kVersion1);
+  w.U16((sens ? kFlagSensitivity : 0) | (transforms ? kFlagTransforms : 0) | (lloyd ? kFlagLloydTables : 0));
   w.U32(d.layers);
   w.U32(d.kv_heads);
   w.U32(d.head_dim);
@@ -151,8 +155,11 @@ Result<internal::ProfileData> ParseData(std::span<const uint8_t> bytes) {
   d.tokens = r.U32();
   const uint16_t known = version == kVersion1   ? 0
                          : version == kVersion2 ? kFlagSensitivity
-                                                : kFlagSensitivity | kFlagTransforms;
+                                                : kFlagSensitivity | kFlagTransforms | kFlagLloydTables;
   if ((flags & ~known) != 0 || reserved != 0) return Bad("unknown flags or reserved bits set");
+  if (version >= kVersion3)
+    d.tables_for = flags & kFlagLloydTables ? internal::ProfileData::TablesFor::kLloyd
+                                            : internal::ProfileData::TablesFor::kUniform;
   if (rotate > 1) return Bad("invalid rotate byte");
   d.rotate = rotate;
   if (d.layers == 0 || d.layers > 4096 || d.kv_heads == 0 || d.kv_heads > 4096 || d.head_dim == 0 ||
@@ -351,6 +358,8 @@ Result<std::shared_ptr<const Profile>> Profile::Train(std::span<const KVView> co
   d.group_tokens = cfg.group_tokens ? cfg.group_tokens : kCacheGenDefaultGroupTokens;
   d.grid_first = kTrainGridFirst;
   d.grid_points = kTrainGridPoints;
+  d.tables_for = cfg.quantizer == CodecConfig::Quantizer::kLloyd ? internal::ProfileData::TablesFor::kLloyd
+                                                                 : internal::ProfileData::TablesFor::kUniform;
   if (cfg.rope.kind != RopeConfig::Kind::kNone) {
     d.rope = cfg.rope;
     if (d.rope.dims == 0) d.rope.dims = s0.head_dim;

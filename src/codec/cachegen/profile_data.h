@@ -16,6 +16,9 @@ struct ProfileData {
   bool rotate = false;
   RopeConfig rope;  // kind kNone: keys learned as cached
   uint32_t group_tokens = 1;
+  // The quantizer the K tables were learned for (recorded from version 3 on:
+  // flag bit 2 = the learned quantizer); versions 1 and 2 do not say.
+  enum class TablesFor : uint8_t { kUnknown, kUniform, kLloyd } tables_for = TablesFor::kUnknown;
   int32_t grid_first = 0;  // step grid: log2(step) = (grid_first + g) / kGridPerOctave
   uint32_t grid_points = 0;
   uint32_t contexts = 0, tokens = 0;  // what it was trained on (informative)
