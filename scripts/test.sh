@@ -165,7 +165,7 @@ print("eval json ok:", len(d["rows"]), "rows")' "$tmp/eval.json"
   python3 -c 'import random; r = random.Random(1); w = "once upon a time there was a little girl who liked to play in the park with her dog".split(); print("\n<|endoftext|>\n".join(" ".join(r.choice(w) for _ in range(120)) for _ in range(6)))' >"$tmp/stories.txt"
   build/cachegen profile train --model "$tmp/tiny.gguf" --text "$tmp/stories.txt" -o "$tmp/tiny.cgprof" \
     --contexts 2 --context-tokens 64 --continuation 16 2>/dev/null >"$tmp/profile.txt"
-  grep -q 'sensitivities measured, key channel weights from attention' "$tmp/profile.txt"
+  grep -q 'key transforms learned, sensitivities measured, key channel weights from attention' "$tmp/profile.txt"
   build/cachegen eval --model "$tmp/tiny.gguf" --text "$tmp/stories.txt" --profile "$tmp/tiny.cgprof" --codecs cachegen \
     --bits 2 --windows 1 --context 64 --continuation 16 --greedy 4 --quiet --json >"$tmp/eval_profile.json"
   python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); assert [r for r in d["rows"] if r["codec"] == "cachegen" and "profile" in r["setting"]], d["rows"]; print("profile train ok")' "$tmp/eval_profile.json"
