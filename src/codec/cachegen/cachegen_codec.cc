@@ -181,8 +181,6 @@ class CacheGenCodec final : public Codec {
            (d.rope.dims != p.rope.dims || d.rope.freq_base != p.rope.freq_base ||
             d.rope.freq_scale != p.rope.freq_scale)))
         return Status::InvalidArgument("profile was trained with other rope/rotate settings than this encoder's");
-      // A max-error target bounds each original value, and a transform
-      // spreads a coded channel's error over its head (as rotation does).
       // Tables learned for the other quantizer would fit its symbols poorly.
       using TablesFor = internal::ProfileData::TablesFor;
       const bool lloyd = cfg.quantizer == CodecConfig::Quantizer::kLloyd;
@@ -190,6 +188,8 @@ class CacheGenCodec final : public Codec {
         return Status::InvalidArgument(std::string("profile was trained for the ") + (lloyd ? "uniform" : "lloyd") +
                                        " quantizer; encode with that quantizer (--quantizer " +
                                        (lloyd ? "uniform" : "lloyd") + ")");
+      // A max-error target bounds each original value, and a transform
+      // spreads a coded channel's error over its head (as rotation does).
       if (cfg.max_rel_error > 0 && !d.transform.empty())
         return Status::InvalidArgument("a max-error target cannot use a profile with key transforms");
       p.profile = cfg.profile;
