@@ -163,7 +163,21 @@ void Normalize(const uint64_t* count, uint32_t alphabet, uint64_t n, uint32_t* f
   }
 }
 
-Plan MakePlan(const Stats& s, uint32_t lanes_opt) {
+// The lane count for a stream of n >= 1 symbols carrying `bits` (EncodeOptions).
+uint32_t LanesFor(double bits, uint64_t n, const EncodeOptions& options) {
+  if (bits < 8.0 * options.single_lane_below_bytes) return 1;
+  return static_cast<uint32_t>(std::min<uint64_t>(std::clamp<uint32_t>(options.lanes, 1, kMaxLanes), n));
+}
+
+// Information in bits of `count[0..e]` coded with `freq`.
+double CodedBits(const uint64_t* count, const uint32_t* freq, uint32_t e) {
+  double bits = 0;
+  for (uint32_t v = 0; v <= e; ++v)
+    if (count[v]) bits += static_cast<double>(count[v]) * (kProbBits - std::log2(static_cast<double>(freq[v])));
+  return bits;
+}
+
+Plan MakePlan(const Stats& s, const EncodeOptions& options) {
   Plan p;
   std::array<std::array<uint64_t, 256>, 5> ge;
   p.escape = ChooseEscape(s, &ge);
@@ -172,8 +186,7 @@ Plan MakePlan(const Stats& s, uint32_t lanes_opt) {
   p.count[e] = ge[0][e];
   for (int k = 0; k < VarintRows(s.max_value); ++k) p.escape_bytes += ge[k][e];
   Normalize(p.count.data(), e + 1, s.n, p.freq.data());
-  const uint32_t lanes = std::clamp<uint32_t>(lanes_opt, 1, kMaxLanes);
-  p.lanes = static_cast<uint32_t>(std::min<uint64_t>(lanes, s.n));
+  p.lanes = LanesFor(CodedBits(p.count.data(), p.freq.data(), e), s.n, options);
   return p;
 }
 
@@ -664,32 +677,31 @@ uint64_t RansStreamBytes(double bits, uint64_t lanes, uint64_t escape_bytes, uin
 
 // EstimateStreamBytes for a non-empty, non-constant stream.
 uint64_t EstimateFromStats(const Stats& s, const EncodeOptions& options) {
-  const Plan p = MakePlan(s, options.lanes);
-  double bits = 0;
-  for (uint32_t v = 0; v <= p.escape; ++v) {
-    if (p.count[v] == 0) continue;
-    bits += static_cast<double>(p.count[v]) * (static_cast<double>(kProbBits) - std::log2(static_cast<double>(p.freq[v])));
-  }
-  return RansStreamBytes(bits, p.lanes, p.escape_bytes, TableBytes(p));
+  const Plan p = MakePlan(s, options);
+  return RansStreamBytes(CodedBits(p.count.data(), p.freq.data(), p.escape), p.lanes, p.escape_bytes, TableBytes(p));
+}
+
+// Bits of a non-empty stream with these stats coded with `table`.
+double TableBits(const Stats& s, const FreqTable& table) {
+  const uint32_t e = table.escape;
+  std::array<uint64_t, kMaxAlphabet> count{};
+  uint64_t direct = 0;
+  for (uint32_t v = 0; v < e; ++v) direct += count[v] = s.win[0][v];
+  count[e] = s.n - direct;
+  return CodedBits(count.data(), table.freq.data(), e);
 }
 
 // EstimateStreamBytesWithTable for a non-empty, non-constant stream.
 uint64_t EstimateWithTableFromStats(const Stats& s, const FreqTable& table, const EncodeOptions& options) {
   const uint32_t e = table.escape;
-  uint64_t direct = 0, escape_bytes = 0;
-  double bits = 0;
-  for (uint32_t v = 0; v < e; ++v) {
-    direct += s.win[0][v];
-    if (s.win[0][v]) bits += static_cast<double>(s.win[0][v]) * (kProbBits - std::log2(static_cast<double>(table.freq[v])));
-  }
-  bits += static_cast<double>(s.n - direct) * (kProbBits - std::log2(static_cast<double>(table.freq[e])));
+  uint64_t escape_bytes = 0;
   // Values >= E + kVarintStep[k] each add a byte to the escape area.
   for (int k = 0; k < 5; ++k) {
     escape_bytes += s.tail[k];
     for (uint32_t j = e; j < 256; ++j) escape_bytes += s.win[k][j];
   }
-  const uint64_t lanes = std::min<uint64_t>(std::clamp<uint32_t>(options.lanes, 1, kMaxLanes), s.n);
-  return RansStreamBytes(bits, lanes, escape_bytes, /*table_bytes=*/0);
+  const double bits = TableBits(s, table);
+  return RansStreamBytes(bits, LanesFor(bits, s.n, options), escape_bytes, /*table_bytes=*/0);
 }
 
 // Stats of histogram[v] = count of value v, like StatsOf's of the symbols.
@@ -738,7 +750,7 @@ size_t EncodeStream(std::span<const uint32_t> symbols, const SymbolCounts& count
     out.Varint(st.lo);
     return out.size() - start;
   }
-  const Plan p = MakePlan(st.s, options.lanes);
+  const Plan p = MakePlan(st.s, options);
   return WriteRans(symbols, p.escape, p.freq, p.lanes, p.escape_bytes, /*inline_table=*/true, out);
 }
 
@@ -798,7 +810,8 @@ size_t EncodeStreamWithTable(std::span<const uint32_t> symbols, const FreqTable&
     out.Varint(symbols[0]);
     return out.size() - start;
   }
-  const uint32_t lanes = static_cast<uint32_t>(std::min<uint64_t>(std::clamp<uint32_t>(options.lanes, 1, kMaxLanes), n));
+  const double bits = options.single_lane_below_bytes > 0 ? TableBits(StatsOf(symbols, Count(symbols)).s, table) : 0;
+  const uint32_t lanes = LanesFor(bits, n, options);
   return WriteRans(symbols, table.escape, table.freq, lanes, escape_bytes, /*inline_table=*/false, out);
 }
 

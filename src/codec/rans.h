@@ -29,6 +29,12 @@ constexpr uint32_t kMaxLanes = 32;
 
 struct EncodeOptions {
   uint32_t lanes = kDefaultLanes;  // 1..kMaxLanes
+  // A stream carrying less than this many bytes of coded information is
+  // written with one lane (0: never). Each lane's final state costs about 3
+  // bytes beyond the information it carries: on streams of a few hundred bytes
+  // (small heads, short chunks) 8 lanes cost several percent of the size, while
+  // long streams want 8 lanes for the AVX2 decoders.
+  uint32_t single_lane_below_bytes = 0;
 };
 
 // Appends one stream coding `symbols` to out. Returns how many of the bytes

@@ -4,10 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <map>
 #include <random>
+#include <string>
 
 namespace cachegen::rans {
 namespace {
@@ -168,6 +170,60 @@ TEST(Rans, CountSymbolsClampsToLastBin) {
   std::vector<uint64_t> h(4, 0);
   CountSymbols(std::vector<uint32_t>{0, 1, 1, 3, 4, 1000, 2, 2, 2}, h);
   EXPECT_EQ(h, (std::vector<uint64_t>{1, 2, 3, 3}));
+}
+
+// single_lane_below_bytes: a stream carrying less coded information than that
+// is written with one lane, a longer one with the requested lanes; inline or
+// table form; the estimate predicts the same plan, and every stream decodes.
+TEST(Rans, ShortStreamsGetOneLane) {
+  const EncodeOptions opt{.lanes = 8, .single_lane_below_bytes = 512};
+  for (size_t n : {size_t{40}, size_t{700}, size_t{1500}, size_t{3000}, size_t{1} << 16}) {
+    const std::vector<uint32_t> v = Geometric(n, 0.5, 30 + n);  // about 2 bits a symbol: 10 B .. 16 KB
+    const std::vector<uint64_t> hist = Histogram(v);
+    const FreqTable table = MakeFreqTable(hist);
+    const uint32_t want_lanes = EntropyBytes(v) < 512 ? 1 : 8;
+    for (bool table_form : {false, true}) {
+      SCOPED_TRACE("n=" + std::to_string(n) + (table_form ? " table form" : " inline table"));
+      std::vector<uint8_t> buf;
+      ByteWriter w(&buf);
+      uint64_t est = 0;
+      if (table_form) {
+        EncodeStreamWithTable(v, table, w, opt);
+        est = EstimateStreamBytesWithTable(hist, table, opt);
+      } else {
+        EncodeStream(v, w, opt);
+        est = EstimateStreamBytes(hist, opt);
+      }
+      // A table-form stream decodes as the inline-table stream with the
+      // table spliced in after the mode byte.
+      std::vector<uint8_t> inline_form = buf;
+      if (table_form) {
+        ASSERT_EQ(buf[0], kModeTable);
+        inline_form.clear();
+        ByteWriter iw(&inline_form);
+        iw.U8(kModeRans);
+        iw.U8(static_cast<uint8_t>(table.escape));
+        for (uint32_t s = 0; s <= table.escape; ++s) iw.Varint(table.freq[s]);
+        iw.Bytes(std::span<const uint8_t>(buf).subspan(1));
+      }
+      ByteReader hr(inline_form);
+      StreamHeader h;
+      ASSERT_TRUE(ParseStreamHeader(hr, v.size(), &h).ok());
+      EXPECT_EQ(h.lanes, want_lanes);
+      ByteReader dr(inline_form);
+      std::vector<uint32_t> out(v.size());
+      ASSERT_TRUE(DecodeStream(dr, out).ok());
+      EXPECT_EQ(out, v);
+      EXPECT_NEAR(static_cast<double>(est), static_cast<double>(buf.size()), 3.0 * h.lanes + 4 + 0.002 * buf.size());
+    }
+    // One lane instead of 8 saves 7 lanes' flush bytes.
+    if (want_lanes == 1 && n >= 8) {
+      std::vector<uint8_t> one;
+      ByteWriter ow(&one);
+      EncodeStream(v, ow, opt);
+      EXPECT_LE(one.size() + 7 * 2, Encode(v, 8).size());
+    }
+  }
 }
 
 // Every flipped byte and every truncation of a small stream must decode

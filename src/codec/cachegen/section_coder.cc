@@ -57,6 +57,14 @@ inline int32_t QuantizeValue(float r, float inv_step) {
   return static_cast<int32_t>(v + std::copysign(0.5f, v));
 }
 
+// Symbol streams carrying under 512 bytes get one lane, the rest the default 8.
+// Each lane ends with a 4-byte state; on stories260K's small heads (8 dims:
+// streams of a few hundred bytes) one lane moved ΔPPL = 1 % from 1.96 to ≈ 1.84
+// bits/value (docs/EVAL.md); such streams decode on the scalar path.
+// Heads of 64+ dims in 256-token chunks stay above 512 bytes down to 1
+// bit/value, so their streams keep 8 lanes and the fused AVX2 decoder.
+constexpr rans::EncodeOptions kStreamOptions{.lanes = rans::kDefaultLanes, .single_lane_below_bytes = 512};
+
 // Streams of a section: per head an anchor stream, then (with deltas) a delta stream.
 struct StreamCounts {
   uint32_t anchors = 0;  // tokens coded against the channel mean
@@ -505,13 +513,14 @@ void SectionAnalysis::QuantizeStreams(float step, bool use_delta, uint32_t sampl
     const std::span<const uint32_t> sym(q->symbols.get() + q->begin[s], q->begin[s + 1] - q->begin[s]);
     if (g >= 0) {
       stream_bytes += static_cast<double>(
-          rans::EstimateStreamBytesWithTable(sym, layout_.profile->Table(layout_.section, g, s / 2, s & 1), scale));
+          rans::EstimateStreamBytesWithTable(sym, layout_.profile->Table(layout_.section, g, s / 2, s & 1), scale,
+                                             kStreamOptions));
       continue;
     }
     rans::SymbolCounts& counts = q->counts[s];
     counts.fill(0);
     rans::CountSymbols(sym, counts);
-    stream_bytes += static_cast<double>(rans::EstimateStreamBytes(sym, counts, scale));
+    stream_bytes += static_cast<double>(rans::EstimateStreamBytes(sym, counts, scale, kStreamOptions));
   }
   q->bytes = stream_bytes + side_info_bytes_ + q->cb.bytes(layout_.channels()) + exact_.size() * 2.0;
 }
@@ -574,8 +583,9 @@ void SectionAnalysis::Encode(const QuantizedSection& q, std::vector<uint8_t>* ou
   auto stream = [&](uint32_t h, uint32_t kind) {
     const size_t s = 2 * h + kind;
     const std::span<const uint32_t> sym(q.symbols.get() + q.begin[s], q.begin[s + 1] - q.begin[s]);
-    if (g >= 0) return rans::EncodeStreamWithTable(sym, prof->Table(layout_.section, g, h, kind), w);
-    return q.counts.size() > s ? rans::EncodeStream(sym, q.counts[s], w) : rans::EncodeStream(sym, w);
+    if (g >= 0) return rans::EncodeStreamWithTable(sym, prof->Table(layout_.section, g, h, kind), w, kStreamOptions);
+    return q.counts.size() > s ? rans::EncodeStream(sym, q.counts[s], w, kStreamOptions)
+                               : rans::EncodeStream(sym, w, kStreamOptions);
   };
   for (uint32_t h = 0; h < H; ++h) {
     *side_bytes += static_cast<uint32_t>(stream(h, 0));
