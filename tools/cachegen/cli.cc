@@ -54,12 +54,16 @@ void AddRopeOptions(CLI::App* app, RopeArgs* a, bool model_flag) {
 }
 
 void AddQuantizerOption(CLI::App* app, CodecConfig* config) {
-  const std::map<std::string, CodecConfig::Quantizer> kinds{{"uniform", CodecConfig::Quantizer::kUniform},
-                                                            {"lloyd", CodecConfig::Quantizer::kLloyd}};
-  app->add_option("--quantizer", config->quantizer,
-                  "cachegen: uniform (levels at multiples of the step) or lloyd (learned reconstruction codebook per "
-                  "section, rate-constrained choice of levels)")
-      ->transform(CLI::CheckedTransformer(kinds, CLI::ignore_case))
+  // A string option rather than CLI11's enum mapping, which prints the enum's
+  // char-sized values as raw bytes in --help and in its error message.
+  app->add_option_function<std::string>(
+         "--quantizer",
+         [config](const std::string& name) {
+           config->quantizer = name == "lloyd" ? CodecConfig::Quantizer::kLloyd : CodecConfig::Quantizer::kUniform;
+         },
+         "cachegen: uniform (levels at multiples of the step) or lloyd (learned reconstruction codebook per "
+         "section, rate-constrained choice of levels)")
+      ->check(CLI::IsMember({"uniform", "lloyd"}))
       ->default_str("uniform");
 }
 
