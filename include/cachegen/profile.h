@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -76,6 +77,9 @@ class Profile {
   uint32_t layers() const;
   uint32_t kv_heads() const;
   uint32_t head_dim() const;
+  // The quantizer the tables were learned for (an encoder using the other one
+  // is refused); nullopt for versions 1 and 2, which do not record it.
+  std::optional<CodecConfig::Quantizer> quantizer() const;
   const internal::ProfileData& data() const { return *data_; }
 
  private:

@@ -419,6 +419,8 @@ TEST(Profile, EncoderRefusesTheOtherQuantizer) {
   ASSERT_TRUE(pl && pu);
   EXPECT_EQ(pl->data().tables_for, internal::ProfileData::TablesFor::kLloyd);
   EXPECT_EQ(pl->bytes()[6], 4);
+  EXPECT_EQ(pl->quantizer(), CodecConfig::Quantizer::kLloyd);
+  EXPECT_EQ(pu->quantizer(), CodecConfig::Quantizer::kUniform);
   const KVTensor kv = Contexts(3, 1)[0];
   auto encode = [&](std::shared_ptr<const Profile> p, CodecConfig::Quantizer q) {
     CodecConfig cfg;
@@ -434,6 +436,7 @@ TEST(Profile, EncoderRefusesTheOtherQuantizer) {
   EXPECT_EQ(encode(pu, CodecConfig::Quantizer::kLloyd).code(), StatusCode::kInvalidArgument);
   auto legacy = Profile::Parse(AsVersion(pl->bytes(), 1, 0));
   ASSERT_TRUE(legacy.ok());
+  EXPECT_EQ((*legacy)->quantizer(), std::nullopt);
   EXPECT_TRUE(encode(*legacy, CodecConfig::Quantizer::kUniform).ok());
   EXPECT_TRUE(encode(*legacy, CodecConfig::Quantizer::kLloyd).ok());
 }

@@ -53,16 +53,18 @@ void AddRopeOptions(CLI::App* app, RopeArgs* a, bool model_flag) {
   }
 }
 
-void AddQuantizerOption(CLI::App* app, CodecConfig* config) {
+void AddQuantizerOption(CLI::App* app, CodecConfig* config, bool* given) {
   // A string option rather than CLI11's enum mapping, which prints the enum's
   // char-sized values as raw bytes in --help and in its error message.
   app->add_option_function<std::string>(
          "--quantizer",
-         [config](const std::string& name) {
+         [config, given](const std::string& name) {
            config->quantizer = name == "lloyd" ? CodecConfig::Quantizer::kLloyd : CodecConfig::Quantizer::kUniform;
+           if (given) *given = true;
          },
          "cachegen: uniform (levels at multiples of the step) or lloyd (learned reconstruction codebook per "
-         "section, rate-constrained choice of levels)")
+         "section, rate-constrained choice of levels)" +
+             std::string(given ? "; default: the --profile's, else uniform" : ""))
       ->check(CLI::IsMember({"uniform", "lloyd"}))
       ->default_str("uniform");
 }
@@ -75,6 +77,12 @@ Result<std::shared_ptr<const Profile>> LoadProfileFile(const std::string& path) 
                          : Status::Corrupt("'" + path + "': " + p.status().message());
   RegisterProfile(*p);
   return p;
+}
+
+Status UseProfileFile(const std::string& path, bool quantizer_given, CodecConfig* config) {
+  CG_ASSIGN_OR_RETURN(config->profile, LoadProfileFile(path));
+  if (!quantizer_given) config->quantizer = config->profile->quantizer().value_or(config->quantizer);
+  return Status::Ok();
 }
 
 Result<RopeConfig> ResolveRope(const RopeArgs& a) {

@@ -27,11 +27,15 @@ struct RopeArgs {
   bool off = false;   // --no-rope
 };
 void AddRopeOptions(CLI::App* app, RopeArgs* args, bool model_flag);
-// --quantizer uniform|lloyd (CodecConfig::quantizer) of a command that encodes.
-void AddQuantizerOption(CLI::App* app, CodecConfig* config);
+// --quantizer uniform|lloyd (CodecConfig::quantizer) of a command that
+// encodes; `given` (when not null) is set when the option is on the command line.
+void AddQuantizerOption(CLI::App* app, CodecConfig* config, bool* given = nullptr);
 
 // Reads a .cgprof, validates it and registers it for decoding (RegisterProfile).
 Result<std::shared_ptr<const Profile>> LoadProfileFile(const std::string& path);
+// LoadProfileFile into config->profile. Unless --quantizer was given, the
+// config takes the quantizer the profile was trained for (where it says).
+Status UseProfileFile(const std::string& path, bool quantizer_given, CodecConfig* config);
 // The codec's RoPE setting: explicit --rope wins, then the --model's GGUF
 // (RoPE on when the model has normal/NeoX RoPE, unless --no-rope), else none.
 Result<RopeConfig> ResolveRope(const RopeArgs& args);

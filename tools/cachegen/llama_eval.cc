@@ -32,6 +32,7 @@ struct EvalArgs {
   bool json = false, quiet = false, rope = true;
   std::string plot, profile;
   CodecConfig tuning;
+  bool quantizer_given = false;
 };
 
 Result<std::string> ReadText(const std::string& path) {
@@ -105,11 +106,8 @@ int RunEval(EvalArgs a) {
   o.threads = a.threads;
   o.codec = a.tuning;
   o.rope = a.rope;
-  if (!a.profile.empty()) {
-    auto p = LoadProfileFile(a.profile);
-    if (!p.ok()) return Fail(p.status());
-    o.codec.profile = *p;
-  }
+  if (!a.profile.empty())
+    if (Status st = UseProfileFile(a.profile, a.quantizer_given, &o.codec); !st.ok()) return Fail(st);
   if (!a.quiet) o.progress = [](const std::string& m) { std::fprintf(stderr, "cachegen eval: %s\n", m.c_str()); };
   auto rep = engine::RunEval(o);
   if (!rep.ok()) return Fail(rep.status());
@@ -204,7 +202,7 @@ const bool kRegistered = RegisterCommand(50, [](CLI::App& root) -> CommandRunner
   sub->add_flag("--rotate,!--no-rotate", a->tuning.rotate, "cachegen: per-head Hadamard rotation");
   sub->add_option("--layer-slope", a->tuning.layer_slope, "cachegen: >0 gives shallow layers finer steps");
   sub->add_option("--key-step-scale", a->tuning.key_step_scale, "cachegen: K step relative to V (bits mode)");
-  AddQuantizerOption(sub, &a->tuning);
+  AddQuantizerOption(sub, &a->tuning, &a->quantizer_given);
   sub->add_option("--recent-tokens", a->tuning.recent_tokens, "cachegen: most recent W tokens at finer precision");
   sub->add_option("--recent-step-scale", a->tuning.recent_step_scale, "cachegen: their step multiplier")
       ->check(CLI::Range(0.0, 1.0));

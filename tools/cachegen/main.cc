@@ -39,6 +39,7 @@ struct EncodeArgs {
   CodecConfig tuning;
   RopeArgs rope;
   std::string profile;
+  bool quantizer_given = false;
 };
 
 int RunEncode(const EncodeArgs& a) {
@@ -48,11 +49,8 @@ int RunEncode(const EncodeArgs& a) {
   Result<RopeConfig> rope = ResolveRope(a.rope);
   if (!rope.ok()) return Fail(rope.status());
   cfg.rope = *rope;
-  if (!a.profile.empty()) {
-    auto p = LoadProfileFile(a.profile);
-    if (!p.ok()) return Fail(p.status());
-    cfg.profile = *p;
-  }
+  if (!a.profile.empty())
+    if (Status st = UseProfileFile(a.profile, a.quantizer_given, &cfg); !st.ok()) return Fail(st);
   cfg.codec = a.codec;
   cfg.bits_per_value = a.bits;
   cfg.snr_db = a.snr_db;
@@ -225,7 +223,7 @@ int Main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
   AddRopeOptions(enc, &ea.rope, /*model_flag=*/true);
-  AddQuantizerOption(enc, &ea.tuning);
+  AddQuantizerOption(enc, &ea.tuning, &ea.quantizer_given);
   enc->add_option("--profile", ea.profile,
                   "cachegen: model profile (.cgprof, `cachegen profile train`); frames reference it instead of "
                   "carrying statistics and tables (same --rope/--rotate as it was trained with)");

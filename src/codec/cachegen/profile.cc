@@ -286,6 +286,15 @@ uint64_t Profile::id() const {
 uint32_t Profile::layers() const { return data_->layers; }
 uint32_t Profile::kv_heads() const { return data_->kv_heads; }
 uint32_t Profile::head_dim() const { return data_->head_dim; }
+std::optional<CodecConfig::Quantizer> Profile::quantizer() const {
+  using TablesFor = internal::ProfileData::TablesFor;
+  switch (data_->tables_for) {
+    case TablesFor::kUniform: return CodecConfig::Quantizer::kUniform;
+    case TablesFor::kLloyd: return CodecConfig::Quantizer::kLloyd;
+    case TablesFor::kUnknown: break;
+  }
+  return std::nullopt;
+}
 
 namespace {
 
