@@ -58,15 +58,18 @@ void BM_RansEncode(benchmark::State& state) {
   }
   state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * n));
 }
-// A cachegen-section-like workload: 16 streams of 16K symbols, 8 lanes,
-// parsed and decoded together (the AVX2 decoder interleaves pairs).
+// A cachegen-section-like workload: 16 streams parsed and decoded together
+// (8-lane streams in AVX2 lockstep groups, one-lane streams in scalar
+// lockstep groups). Args: lanes, symbols per stream.
 void BM_RansDecodeStreams(benchmark::State& state) {
-  constexpr size_t kStreams = 16, kN = 16384;
+  constexpr size_t kStreams = 16;
+  const auto lanes = static_cast<uint32_t>(state.range(0));
+  const auto kN = static_cast<size_t>(state.range(1));
   const auto syms = GeometricSymbols(kStreams * kN);
   std::vector<uint8_t> buf;
   cachegen::ByteWriter w(&buf);
   for (size_t k = 0; k < kStreams; ++k)
-    cachegen::rans::EncodeStream(std::span<const uint32_t>(&syms[k * kN], kN), w);
+    cachegen::rans::EncodeStream(std::span<const uint32_t>(&syms[k * kN], kN), w, {.lanes = lanes});
   std::vector<uint32_t> out(kStreams * kN);
   std::vector<cachegen::rans::ParsedStream> parsed(kStreams);
   std::vector<cachegen::rans::ParsedStream*> ps;
@@ -84,7 +87,15 @@ void BM_RansDecodeStreams(benchmark::State& state) {
   }
   state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * kStreams * kN));
 }
-BENCHMARK(BM_RansDecodeStreams);
+// 16K symbols: a 64-dim head's stream in a 256-token chunk; 1024 and 2048: the
+// short streams the encoder writes with one lane (8-dim heads, short chunks).
+BENCHMARK(BM_RansDecodeStreams)
+    ->ArgNames({"lanes", "n"})
+    ->Args({8, 16384})
+    ->Args({8, 2048})
+    ->Args({1, 2048})
+    ->Args({8, 1024})
+    ->Args({1, 1024});
 
 BENCHMARK(BM_RansEncode)->Unit(benchmark::kMillisecond);
 

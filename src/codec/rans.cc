@@ -1050,6 +1050,52 @@ Status DecodeOne(ParsedStream& s, uint32_t* out, size_t done_symbols, size_t don
   return FinishStream(s, done_words + used, out);
 }
 
+// K one-lane streams decoded in lockstep. A one-lane stream is a single chain
+// of dependent table lookups and multiplies; interleaving independent streams
+// fills the pipeline as lanes do within a stream. Runs while every stream has
+// words left for a whole block of symbols (at most one word each, so reads
+// need no checks), then leaves the rest to DecodeOne.
+template <int K>
+void DecodeGroupOneLane(ParsedStream* const* s, uint32_t* const* o, size_t* done_syms, size_t* done_words) {
+  constexpr size_t kBlockSymbols = 16;
+  uint32_t x[K];
+  size_t pos[K], nw[K];
+  const uint32_t* tbl[K];
+  const uint8_t* body[K];
+  uint32_t* out[K];
+  size_t n = s[0]->n;
+  for (int k = 0; k < K; ++k) {
+    x[k] = s[k]->state[0];
+    pos[k] = 0;
+    nw[k] = BodyWords(*s[k]);
+    tbl[k] = s[k]->table;
+    body[k] = Body(*s[k]);
+    out[k] = o[k];
+    n = std::min(n, s[k]->n);
+  }
+  size_t i = 0;
+  for (;;) {
+    size_t count = n - i;
+    for (int k = 0; k < K; ++k) count = std::min(count, nw[k] - pos[k]);
+    if (count < kBlockSymbols) break;
+    for (const size_t end = i + count; i < end; ++i) {
+#pragma GCC unroll 8
+      for (int k = 0; k < K; ++k) {
+        out[k][i] = Step(x[k], tbl[k]);
+        const uint32_t w = Load16(body[k] + 2 * pos[k]);
+        const uint32_t m = 0u - static_cast<uint32_t>(x[k] < kL);
+        x[k] = (x[k] << (m & 16)) | (w & m);
+        pos[k] += m & 1;
+      }
+    }
+  }
+  for (int k = 0; k < K; ++k) {
+    s[k]->state[0] = x[k];
+    done_syms[k] = i;
+    done_words[k] = pos[k];
+  }
+}
+
 #if defined(__x86_64__)
 // K 8-lane streams decoded in lockstep, so that one stream's table gathers
 // and multiplies overlap the others': the single-stream loop is bound by that
@@ -1097,53 +1143,95 @@ __attribute__((target("avx2,bmi2"))) void DecodeGroupAvx2(ParsedStream* const* s
 
 }  // namespace
 
+namespace {
+
+// The lockstep group decoders, by group size K (8, 4 or 2).
+struct OneLaneGroups {
+  template <int K>
+  static void Decode(ParsedStream* const* s, uint32_t* const* o, size_t* syms, size_t* words) {
+    DecodeGroupOneLane<K>(s, o, syms, words);
+  }
+};
+#if defined(__x86_64__)
+struct Avx2Groups {
+  template <int K>
+  static void Decode(ParsedStream* const* s, uint32_t* const* o, size_t* syms, size_t* words) {
+    DecodeGroupAvx2<K>(s, o, syms, words);
+  }
+};
+#endif
+
+// Streams waiting to be decoded in lockstep groups of at most kMax (8 or 4)
+// by Groups; each group decodes a prefix of its streams and leaves the rest
+// (and the end checks) to DecodeOne.
+template <class Groups, size_t kMax>
+class PendingStreams {
+ public:
+  Status Add(ParsedStream* s, uint32_t* o) {
+    s_[n_] = s;
+    o_[n_] = o;
+    return ++n_ == kMax ? Flush() : Status::Ok();
+  }
+  // Groups of 8 (if kMax allows), 4 and 2, then a last stream alone.
+  Status Flush() {
+    size_t off = 0;
+    if constexpr (kMax >= 8) CG_RETURN_IF_ERROR(Take<8>(&off));
+    CG_RETURN_IF_ERROR(Take<4>(&off));
+    CG_RETURN_IF_ERROR(Take<2>(&off));
+    if (n_ - off == 1) CG_RETURN_IF_ERROR(DecodeOne(*s_[off], o_[off], 0, 0));
+    n_ = 0;
+    return Status::Ok();
+  }
+
+ private:
+  template <int K>
+  Status Take(size_t* off) {
+    if (n_ - *off < K) return Status::Ok();
+    size_t syms[K], words[K];
+    Groups::template Decode<K>(s_ + *off, o_ + *off, syms, words);
+    for (int k = 0; k < K; ++k) CG_RETURN_IF_ERROR(DecodeOne(*s_[*off + k], o_[*off + k], syms[k], words[k]));
+    *off += K;
+    return Status::Ok();
+  }
+
+  ParsedStream* s_[kMax];
+  uint32_t* o_[kMax];
+  size_t n_ = 0;
+};
+
+}  // namespace
+
 Status DecodeParsed(std::span<ParsedStream* const> streams, std::span<uint32_t* const> outs) {
   for (const ParsedStream* s : streams)
     if (s->form != TableForm::kSymbols) return Status::Internal("rANS stream: table form DecodeParsed cannot decode");
+  // One-lane streams (the encoder's choice for short ones, FORMAT.md) run in
+  // lockstep groups of 4: 8 measured no faster (bench/rans_bench.cc).
+  PendingStreams<OneLaneGroups, 4> one_lane;
 #if defined(__x86_64__)
-  if (simd::Avx2()) {
-    // 8-lane rANS streams run in lockstep groups of 8 (then 4, 2) streams:
-    // measured 2, 4, 8 streams gave 510, 770, 850 M symbols/s.
-    constexpr size_t kMaxGroup = 8;
-    ParsedStream* group[kMaxGroup];
-    uint32_t* group_out[kMaxGroup];
-    size_t pending = 0;
-    // Decodes group[off, off + K) together.
-    auto flush = [&](auto k_const, size_t off) -> Status {
-      constexpr int K = decltype(k_const)::value;
-      size_t syms[K], words[K];
-      DecodeGroupAvx2<K>(group + off, group_out + off, syms, words);
-      for (int g = 0; g < K; ++g)
-        CG_RETURN_IF_ERROR(DecodeOne(*group[off + g], group_out[off + g], syms[g], words[g]));
-      return Status::Ok();
-    };
-    for (size_t k = 0; k < streams.size(); ++k) {
-      ParsedStream& s = *streams[k];
-      if (s.mode != kModeRans || s.lanes != 8) {
-        CG_RETURN_IF_ERROR(DecodeOne(s, outs[k], 0, 0));
-        continue;
-      }
-      group[pending] = &s;
-      group_out[pending] = outs[k];
-      if (++pending < kMaxGroup) continue;
-      CG_RETURN_IF_ERROR(flush(std::integral_constant<int, 8>(), 0));
-      pending = 0;
-    }
-    size_t off = 0;
-    if (pending - off >= 4) {
-      CG_RETURN_IF_ERROR(flush(std::integral_constant<int, 4>(), off));
-      off += 4;
-    }
-    if (pending - off >= 2) {
-      CG_RETURN_IF_ERROR(flush(std::integral_constant<int, 2>(), off));
-      off += 2;
-    }
-    if (pending - off == 1) CG_RETURN_IF_ERROR(DecodeOne(*group[off], group_out[off], 0, 0));
-    return Status::Ok();
-  }
+  // 8-lane rANS streams run in lockstep groups of 8 (then 4, 2) streams:
+  // measured 2, 4, 8 streams gave 510, 770, 850 M symbols/s.
+  PendingStreams<Avx2Groups, 8> lanes8;
+  const bool avx2 = simd::Avx2();
 #endif
-  for (size_t k = 0; k < streams.size(); ++k) CG_RETURN_IF_ERROR(DecodeOne(*streams[k], outs[k], 0, 0));
-  return Status::Ok();
+  for (size_t k = 0; k < streams.size(); ++k) {
+    ParsedStream& s = *streams[k];
+    const bool rans = s.mode == kModeRans;
+#if defined(__x86_64__)
+    if (avx2 && rans && s.lanes == 8) {
+      CG_RETURN_IF_ERROR(lanes8.Add(&s, outs[k]));
+      continue;
+    }
+#endif
+    if (rans && s.lanes == 1) {
+      CG_RETURN_IF_ERROR(one_lane.Add(&s, outs[k]));
+      continue;
+    }
+    CG_RETURN_IF_ERROR(DecodeOne(s, outs[k], 0, 0));
+  }
+#if defined(__x86_64__)
+  CG_RETURN_IF_ERROR(lanes8.Flush());
+#endif
+  return one_lane.Flush();
 }
 
 Status DecodeStream(ByteReader& in, std::span<uint32_t> out) {

@@ -103,7 +103,8 @@ constexpr uint8_t kModeTable = 3;     // as kModeRans with a table both sides kn
 Status DecodeStream(ByteReader& in, std::span<uint32_t> out);
 
 // The same in two steps, so a caller can decode several streams together
-// (the AVX2 decoder interleaves pairs of 8-lane streams to hide latency).
+// (8-lane streams in AVX2 lockstep groups, one-lane streams in scalar
+// lockstep groups, to hide each stream's chain of dependent steps).
 // ParseStream validates the header of a stream of n symbols, builds its
 // decode table and keeps spans into `in`'s bytes (which must outlive it).
 // Layout of ParsedStream::table entries.

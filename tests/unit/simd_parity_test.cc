@@ -118,52 +118,72 @@ TEST_F(SimdParity, RansEveryLaneCountAndLength) {
 
 TEST_F(SimdParity, RansStreamGroups) {
   // 1..19 streams of 8 lanes: groups of 8, then 4, 2 and a single stream;
-  // unequal lengths so grouped streams finish at different points.
-  for (size_t count = 1; count <= 19; ++count) {
-    std::vector<std::vector<uint32_t>> s;
-    for (size_t k = 0; k < count; ++k) s.push_back(Symbols(300 + 97 * ((k * 7) % 5) + k, count * 100 + k, k % 3 == 1));
-    if (count == 5) s[2] = std::vector<uint32_t>(100, 4);  // a constant stream in the middle of a group
-    const std::vector<uint8_t> buf = EncodeAll(s, 8);
-    const auto scalar = DecodeAll(buf, s, false);
-    const auto vec = DecodeAll(buf, s, true);
-    ASSERT_EQ(scalar, s) << count << " streams";
-    ASSERT_EQ(vec, s) << count << " streams";
-  }
+  // of one lane: groups of 4, then 2 and 1. Unequal lengths so grouped
+  // streams finish at different points, some shorter than a lockstep block.
+  for (uint32_t lanes : {8u, 1u})
+    for (size_t count = 1; count <= 19; ++count) {
+      std::vector<std::vector<uint32_t>> s;
+      for (size_t k = 0; k < count; ++k)
+        s.push_back(Symbols(k % 4 == 3 ? 5 + k : 300 + 97 * ((k * 7) % 5) + k, count * 100 + k, k % 3 == 1));
+      if (count == 5) s[2] = std::vector<uint32_t>(100, 4);  // a constant stream in the middle of a group
+      const std::vector<uint8_t> buf = EncodeAll(s, lanes);
+      const auto scalar = DecodeAll(buf, s, false);
+      const auto vec = DecodeAll(buf, s, true);
+      ASSERT_EQ(scalar, s) << count << " streams of " << lanes << " lanes";
+      ASSERT_EQ(vec, s) << count << " streams of " << lanes << " lanes";
+    }
 }
 
+// Flipped bytes in streams decoded in lockstep groups (8-lane and one-lane):
+// the scalar and AVX2 paths and each stream decoded alone reach the same
+// verdict and, where they accept, the same symbols.
 TEST_F(SimdParity, RansCorruptPayloadFailsOnBothPaths) {
-  std::vector<std::vector<uint32_t>> s;
-  for (int k = 0; k < 8; ++k) s.push_back(Symbols(2000, 77 + k, true));
-  std::vector<uint8_t> buf = EncodeAll(s, 8);
-  std::mt19937_64 rng(5);
-  for (int trial = 0; trial < 200; ++trial) {
-    std::vector<uint8_t> bad = buf;
-    bad[rng() % bad.size()] ^= static_cast<uint8_t>(1 + rng() % 255);
-    Status results[2];
-    std::vector<std::vector<uint32_t>> outs[2];
-    for (int simd_on = 0; simd_on < 2; ++simd_on) {
-      simd::SetEnabled(simd_on);
-      ByteReader r(bad);
-      std::vector<std::unique_ptr<rans::ParsedStream>> parsed;
-      std::vector<rans::ParsedStream*> ps;
-      std::vector<uint32_t*> po;
-      outs[simd_on].assign(s.size(), std::vector<uint32_t>(2000, 0));
-      Status st;
-      for (size_t k = 0; k < s.size() && st.ok(); ++k) {
-        parsed.push_back(std::make_unique<rans::ParsedStream>());
-        st = rans::ParseStream(r, 2000, parsed.back().get());
-        ps.push_back(parsed.back().get());
-        po.push_back(outs[simd_on][k].data());
+  for (uint32_t lanes : {8u, 1u}) {
+    SCOPED_TRACE(std::to_string(lanes) + " lanes");
+    std::vector<std::vector<uint32_t>> s;
+    for (int k = 0; k < 8; ++k) s.push_back(Symbols(2000, 77 + k, true));
+    std::vector<uint8_t> buf = EncodeAll(s, lanes);
+    std::mt19937_64 rng(5);
+    for (int trial = 0; trial < 200; ++trial) {
+      std::vector<uint8_t> bad = buf;
+      bad[rng() % bad.size()] ^= static_cast<uint8_t>(1 + rng() % 255);
+      Status results[2];
+      std::vector<std::vector<uint32_t>> outs[2];
+      for (int simd_on = 0; simd_on < 2; ++simd_on) {
+        simd::SetEnabled(simd_on);
+        ByteReader r(bad);
+        std::vector<std::unique_ptr<rans::ParsedStream>> parsed;
+        std::vector<rans::ParsedStream*> ps;
+        std::vector<uint32_t*> po;
+        outs[simd_on].assign(s.size(), std::vector<uint32_t>(2000, 0));
+        Status st;
+        for (size_t k = 0; k < s.size() && st.ok(); ++k) {
+          parsed.push_back(std::make_unique<rans::ParsedStream>());
+          st = rans::ParseStream(r, 2000, parsed.back().get());
+          ps.push_back(parsed.back().get());
+          po.push_back(outs[simd_on][k].data());
+        }
+        if (st.ok()) st = rans::DecodeParsed(ps, po);
+        results[simd_on] = st;
       }
-      if (st.ok()) st = rans::DecodeParsed(ps, po);
-      results[simd_on] = st;
-    }
-    simd::SetEnabled(true);
-    // Same verdict; where both accept, the same symbols.
-    ASSERT_EQ(results[0].ok(), results[1].ok()) << "trial " << trial << ": " << results[0].message() << " / "
-                                                << results[1].message();
-    if (results[0].ok()) {
-      ASSERT_EQ(outs[0], outs[1]) << "trial " << trial;
+      simd::SetEnabled(true);
+      // Each stream alone (DecodeStream: no group), until the first failure.
+      Status alone;
+      {
+        ByteReader r(bad);
+        for (size_t k = 0; k < s.size() && alone.ok(); ++k) {
+          std::vector<uint32_t> o(2000);
+          alone = rans::DecodeStream(r, o);
+        }
+      }
+      // Same verdict; where both accept, the same symbols.
+      ASSERT_EQ(results[0].ok(), results[1].ok()) << "trial " << trial << ": " << results[0].message() << " / "
+                                                  << results[1].message();
+      ASSERT_EQ(results[0].ok(), alone.ok()) << "trial " << trial << ": " << results[0].message() << " / "
+                                             << alone.message();
+      if (results[0].ok()) {
+        ASSERT_EQ(outs[0], outs[1]) << "trial " << trial;
+      }
     }
   }
 }
