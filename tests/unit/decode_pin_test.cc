@@ -134,24 +134,19 @@ std::vector<Case> Cases() {
 // the rows whose encoded bytes changed were re-recorded, decoded hashes
 // included (new bytes decode to new values; identical with CACHEGEN_SIMD=0);
 // max_error_no_delta, one_token_chunks and cachegen_ref kept their bytes and
-// their original hashes. Writing streams under 512 bytes of coded information
-// with one rANS lane (section_coder.cc kStreamOptions) changed the bytes of
-// the rows with such streams (not production_head_256); recent_exact and
-// high_rate_escapes kept their decoded hashes (only lanes changed), the others
-// were re-recorded (rate control lands on other steps; identical with
-// CACHEGEN_SIMD=0).
+// their original hashes.
 struct Pinned {
   uint64_t encoded, f32, f16, bf16;
 };
 const Pinned kPinned[] = {
-    {0xc5cc3db07ad99fcfull, 0x725d43a86b9f3281ull, 0x3d5e492aeb9e9027ull, 0x3f8ef84840afa6b1ull},  // default_odd_tokens
+    {0x16247a6ea3bd44efull, 0xfa8fcb5950a2bf4full, 0x924a8dec3246b6b3ull, 0xff32c3f2869a79acull},  // default_odd_tokens
     {0x96b492d6ab72ee5eull, 0x8e8d09ccf039e437ull, 0xb2fdae7a05212f64ull, 0x09b06dc81447947dull},  // production_head_256
-    {0x2c27a49bc2f9b2ffull, 0xb954bfe35a01d6c0ull, 0xdfd761c49f69e57full, 0x6945b2118695298eull},  // rotate_bits3_levels2
-    {0x278b347dc46478c1ull, 0x6778a4a65e31226cull, 0xa2bcd7b722595ad0ull, 0x1c44309eeac6be86ull},  // recent_exact
-    {0x2996127eff26a317ull, 0x8e1ca87710548d6cull, 0xeb1362282faf7472ull, 0x5adaa5fa9350475eull},  // recent_half_step_g4
-    {0x0ccdb13fe6ea9546ull, 0x6502a92678355d89ull, 0x2392e69e9db8bf0dull, 0x0faceda95054b8e9ull},  // snr_levels3
+    {0x9327d34c6bd034c1ull, 0x0a531b4f4f41d6c5ull, 0x701a7c093aca6be1ull, 0x3b57b80b8d1158a0ull},  // rotate_bits3_levels2
+    {0xf72db50eb022aed8ull, 0x6778a4a65e31226cull, 0xa2bcd7b722595ad0ull, 0x1c44309eeac6be86ull},  // recent_exact
+    {0x36cb8dcaf59a8370ull, 0x028b4a6f623699c8ull, 0xc13f406f8fc9c804ull, 0x8297046360ad2553ull},  // recent_half_step_g4
+    {0x60593af97c958c57ull, 0x96bd0dd768d700e9ull, 0x2392e69e9db8bf0dull, 0x0faceda95054b8e9ull},  // snr_levels3
     {0x4d6de412d14f4fdfull, 0xb4d6187567fe0c40ull, 0xf85b651e94c05c71ull, 0xf591c4d5f43391a8ull},  // max_error_no_delta
-    {0x62cd0d8e33afffbfull, 0x753325b8fb68a36dull, 0x44a663031fa5e38cull, 0x2c2c2aa964ea0b80ull},  // high_rate_escapes
+    {0xaf9db4206ed827c1ull, 0x753325b8fb68a36dull, 0x44a663031fa5e38cull, 0x2c2c2aa964ea0b80ull},  // high_rate_escapes
     {0x1b86ec0338a52f21ull, 0xe806628674dc4573ull, 0xbfc9212a284ea66aull, 0x4a2cb26c8e5b8534ull},  // one_token_chunks
     {0xc0b583c1d40b88a2ull, 0x9aa61e6b50193e38ull, 0xa00dc2a900a8a276ull, 0x2d22ced00a30c3ddull},  // cachegen_ref
 };

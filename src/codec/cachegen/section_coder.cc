@@ -57,13 +57,15 @@ inline int32_t QuantizeValue(float r, float inv_step) {
   return static_cast<int32_t>(v + std::copysign(0.5f, v));
 }
 
-// Symbol streams carrying under 512 bytes get one lane, the rest the default 8.
-// Each lane ends with a 4-byte state; on stories260K's small heads (8 dims:
-// streams of a few hundred bytes) one lane moved ΔPPL = 1 % from 1.96 to ≈ 1.84
-// bits/value (docs/EVAL.md); such streams decode on the scalar path.
-// Heads of 64+ dims in 256-token chunks stay above 512 bytes down to 1
-// bit/value, so their streams keep 8 lanes and the fused AVX2 decoder.
-constexpr rans::EncodeOptions kStreamOptions{.lanes = rans::kDefaultLanes, .single_lane_below_bytes = 512};
+// Streams in table form (frames with a model profile) carrying under 512
+// bytes get one lane, the rest the default 8. Each lane ends with a 4-byte
+// state; on stories260K's small heads (8 dims: streams of a few hundred bytes)
+// one lane moved ΔPPL = 1 % from 1.96 to ≈ 1.84 bits/value (docs/EVAL.md).
+// Frames without a profile keep 8 lanes everywhere: the CUDA decoder (which
+// takes no profiles) runs a stream's lanes on the threads of a warp, and one
+// lane made it 3-6x slower on short chunks (docs/GPU.md); the CPU's fused
+// path needs 8 lanes too.
+constexpr rans::EncodeOptions kTableFormOptions{.lanes = rans::kDefaultLanes, .single_lane_below_bytes = 512};
 
 // Streams of a section: per head an anchor stream, then (with deltas) a delta stream.
 struct StreamCounts {
@@ -514,13 +516,13 @@ void SectionAnalysis::QuantizeStreams(float step, bool use_delta, uint32_t sampl
     if (g >= 0) {
       stream_bytes += static_cast<double>(
           rans::EstimateStreamBytesWithTable(sym, layout_.profile->Table(layout_.section, g, s / 2, s & 1), scale,
-                                             kStreamOptions));
+                                             kTableFormOptions));
       continue;
     }
     rans::SymbolCounts& counts = q->counts[s];
     counts.fill(0);
     rans::CountSymbols(sym, counts);
-    stream_bytes += static_cast<double>(rans::EstimateStreamBytes(sym, counts, scale, kStreamOptions));
+    stream_bytes += static_cast<double>(rans::EstimateStreamBytes(sym, counts, scale));
   }
   q->bytes = stream_bytes + side_info_bytes_ + q->cb.bytes(layout_.channels()) + exact_.size() * 2.0;
 }
@@ -583,9 +585,8 @@ void SectionAnalysis::Encode(const QuantizedSection& q, std::vector<uint8_t>* ou
   auto stream = [&](uint32_t h, uint32_t kind) {
     const size_t s = 2 * h + kind;
     const std::span<const uint32_t> sym(q.symbols.get() + q.begin[s], q.begin[s + 1] - q.begin[s]);
-    if (g >= 0) return rans::EncodeStreamWithTable(sym, prof->Table(layout_.section, g, h, kind), w, kStreamOptions);
-    return q.counts.size() > s ? rans::EncodeStream(sym, q.counts[s], w, kStreamOptions)
-                               : rans::EncodeStream(sym, w, kStreamOptions);
+    if (g >= 0) return rans::EncodeStreamWithTable(sym, prof->Table(layout_.section, g, h, kind), w, kTableFormOptions);
+    return q.counts.size() > s ? rans::EncodeStream(sym, q.counts[s], w) : rans::EncodeStream(sym, w);
   };
   for (uint32_t h = 0; h < H; ++h) {
     *side_bytes += static_cast<uint32_t>(stream(h, 0));
