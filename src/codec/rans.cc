@@ -1141,10 +1141,6 @@ __attribute__((target("avx2,bmi2"))) void DecodeGroupAvx2(ParsedStream* const* s
 }
 #endif
 
-}  // namespace
-
-namespace {
-
 // The lockstep group decoders, by group size K (8, 4 or 2).
 struct OneLaneGroups {
   template <int K>
@@ -1205,7 +1201,8 @@ Status DecodeParsed(std::span<ParsedStream* const> streams, std::span<uint32_t* 
   for (const ParsedStream* s : streams)
     if (s->form != TableForm::kSymbols) return Status::Internal("rANS stream: table form DecodeParsed cannot decode");
   // One-lane streams (the encoder's choice for short ones, FORMAT.md) run in
-  // lockstep groups of 4: 8 measured no faster (bench/rans_bench.cc).
+  // lockstep groups of 4: groups of 8 measured no faster (rans_bench.cc,
+  // DecodeStreams).
   PendingStreams<OneLaneGroups, 4> one_lane;
 #if defined(__x86_64__)
   // 8-lane rANS streams run in lockstep groups of 8 (then 4, 2) streams:
