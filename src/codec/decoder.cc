@@ -124,8 +124,9 @@ Status Decoder::Decode(const KVView& out, uint32_t level, uint32_t threads) cons
                                    std::to_string(info_.levels) + ")");
   const uint32_t workers = ResolveThreads(threads);
   const uint64_t chunks = info_.chunks.size();
-  // Parallel over chunks; a single chunk is instead parallel over its sections.
-  const uint32_t inner = chunks == 1 ? workers : 1;
+  // Parallel over chunks; with fewer chunks than workers, each chunk's
+  // sections share the rest (a lone chunk's sections take them all).
+  const uint32_t inner = chunks >= workers ? 1 : static_cast<uint32_t>((workers + chunks - 1) / chunks);
   return ParallelFor(chunks, workers, [&](uint64_t c) -> Status {
     const ChunkEntry& e = info_.chunks[c];
     CG_ASSIGN_OR_RETURN(std::span<const uint8_t> frame, Frame(static_cast<uint32_t>(c), level));

@@ -168,7 +168,7 @@ TEST(DecodePinTest, EncodedBytesAndDecodedValuesAreUnchanged) {
     uint64_t h[3];
     const DType dtypes[3] = {DType::kF32, DType::kF16, DType::kBF16};
     for (int k = 0; k < 3; ++k) {
-      for (uint32_t threads : {1u, 3u}) {
+      for (uint32_t threads : {1u, 3u, 8u}) {  // 8: more workers than chunks
         auto out = dec->Decode(dtypes[k], c.level, threads);
         ASSERT_TRUE(out.ok()) << out.status().ToString();
         const uint64_t hk = Hash(*out);
