@@ -67,6 +67,7 @@ struct Plan {
   std::array<uint64_t, kMaxAlphabet> count{};  // symbol counts, 0..E
   std::array<uint32_t, kMaxAlphabet> freq{};   // normalised, sum kProbScale
   uint64_t escape_bytes = 0;
+  double bits = 0;  // information coded with freq: count[s] * (12 - log2 freq[s]) summed
 };
 
 double XLog2X(uint64_t c) { return c == 0 ? 0.0 : static_cast<double>(c) * std::log2(static_cast<double>(c)); }
@@ -186,7 +187,8 @@ Plan MakePlan(const Stats& s, const EncodeOptions& options) {
   p.count[e] = ge[0][e];
   for (int k = 0; k < VarintRows(s.max_value); ++k) p.escape_bytes += ge[k][e];
   Normalize(p.count.data(), e + 1, s.n, p.freq.data());
-  p.lanes = LanesFor(CodedBits(p.count.data(), p.freq.data(), e), s.n, options);
+  p.bits = CodedBits(p.count.data(), p.freq.data(), e);
+  p.lanes = LanesFor(p.bits, s.n, options);
   return p;
 }
 
@@ -678,7 +680,7 @@ uint64_t RansStreamBytes(double bits, uint64_t lanes, uint64_t escape_bytes, uin
 // EstimateStreamBytes for a non-empty, non-constant stream.
 uint64_t EstimateFromStats(const Stats& s, const EncodeOptions& options) {
   const Plan p = MakePlan(s, options);
-  return RansStreamBytes(CodedBits(p.count.data(), p.freq.data(), p.escape), p.lanes, p.escape_bytes, TableBytes(p));
+  return RansStreamBytes(p.bits, p.lanes, p.escape_bytes, TableBytes(p));
 }
 
 // Bits of a non-empty stream with these stats coded with `table`.
@@ -799,19 +801,21 @@ size_t EncodeStreamWithTable(std::span<const uint32_t> symbols, const FreqTable&
     out.U8(kModeEmpty);
     return 1;
   }
+  const uint32_t e = table.escape;
   uint64_t escape_bytes = 0;
+  std::array<uint64_t, kMaxAlphabet> count{};  // of symbols 0..E, values >= E on E
   bool constant = true;
   for (uint32_t v : symbols) {
     constant = constant && v == symbols[0];
-    if (v >= table.escape) escape_bytes += VarintLen(v - table.escape);
+    if (v >= e) escape_bytes += VarintLen(v - e);
+    ++count[std::min(v, e)];
   }
   if (constant) {
     out.U8(kModeConstant);
     out.Varint(symbols[0]);
     return out.size() - start;
   }
-  const double bits = options.single_lane_below_bytes > 0 ? TableBits(StatsOf(symbols, Count(symbols)).s, table) : 0;
-  const uint32_t lanes = LanesFor(bits, n, options);
+  const uint32_t lanes = LanesFor(CodedBits(count.data(), table.freq.data(), e), n, options);
   return WriteRans(symbols, table.escape, table.freq, lanes, escape_bytes, /*inline_table=*/false, out);
 }
 
