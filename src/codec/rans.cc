@@ -489,12 +489,33 @@ __attribute__((target("avx2"))) size_t ByteSymbolsAvx2(const uint32_t* symbols, 
 }
 #endif
 
-// Writes the rANS body of n >= 1 symbols: mode 2 with its table inline, or
-// mode 3 whose table the decoder knows. Returns the header bytes (mode byte on).
-size_t WriteRans(std::span<const uint32_t> symbols, uint32_t e, const std::array<uint32_t, kMaxAlphabet>& freq,
-                 uint32_t lanes, uint64_t escape_bytes, bool inline_table, ByteWriter& out) {
+// One table of the cycle WriteRans codes with: escape threshold and freq[0..e].
+struct CodingTable {
+  uint32_t e = 0;
+  const uint32_t* freq = nullptr;
+};
+
+// The distinct tables of a cycle (by address) and, per position, which one.
+struct CycleTables {
+  std::vector<const FreqTable*> distinct;
+  std::vector<uint32_t> which;
+  explicit CycleTables(std::span<const FreqTable* const> cycle) : which(cycle.size()) {
+    for (size_t p = 0; p < cycle.size(); ++p) {
+      const auto it = std::find(distinct.begin(), distinct.end(), cycle[p]);
+      which[p] = static_cast<uint32_t>(it - distinct.begin());
+      if (it == distinct.end()) distinct.push_back(cycle[p]);
+    }
+  }
+};
+
+// Writes the rANS body of n >= 1 symbols, symbol i coded with cycle[i %
+// cycle.size()]: mode 2 with its (single) table inline, or mode 3 whose
+// tables the decoder knows. Returns the header bytes (mode byte on).
+size_t WriteRans(std::span<const uint32_t> symbols, std::span<const CodingTable> cycle, uint32_t lanes,
+                 uint64_t escape_bytes, bool inline_table, ByteWriter& out) {
   const size_t n = symbols.size();
   const size_t start = out.size();
+  const size_t period = cycle.size();
   // Symbols (values >= E as the escape symbol) and the escape area (forward order).
   std::unique_ptr<uint8_t[]> syms(new uint8_t[n]);
   std::vector<uint8_t> esc;
@@ -502,15 +523,33 @@ size_t WriteRans(std::span<const uint32_t> symbols, uint32_t e, const std::array
   ByteWriter ew(&esc);
   size_t done = 0;
 #if defined(__x86_64__)
-  if (simd::Avx2()) done = ByteSymbolsAvx2(symbols.data(), n, e, syms.get(), ew);
+  if (period == 1 && simd::Avx2()) done = ByteSymbolsAvx2(symbols.data(), n, cycle[0].e, syms.get(), ew);
 #endif
-  for (size_t i = done; i < n; ++i) {
+  for (size_t i = done, p = done % period; i < n; ++i, p = p + 1 == period ? 0 : p + 1) {
+    const uint32_t e = cycle[p].e;
     syms[i] = static_cast<uint8_t>(std::min(symbols[i], e));
     if (symbols[i] >= e) ew.Varint(symbols[i] - e);
   }
 
-  std::array<EncSymbol, kMaxAlphabet> enc;
-  for (uint32_t v = 0, cum = 0; v <= e; cum += freq[v], ++v) enc[v] = MakeEncSymbol(freq[v], cum);
+  // Encoder constants per distinct table; enc_of[p] for position p.
+  std::vector<std::array<EncSymbol, kMaxAlphabet>> encs;
+  std::vector<const EncSymbol*> enc_of(period);
+  std::vector<const uint32_t*> built;
+  encs.reserve(period);
+  for (size_t p = 0; p < period; ++p) {
+    const auto it = std::find(built.begin(), built.end(), cycle[p].freq);
+    if (it != built.end()) {
+      enc_of[p] = encs[it - built.begin()].data();
+      continue;
+    }
+    std::array<EncSymbol, kMaxAlphabet>& enc = encs.emplace_back();
+    for (uint32_t v = 0, cum = 0; v <= cycle[p].e; cum += cycle[p].freq[v], ++v)
+      enc[v] = MakeEncSymbol(cycle[p].freq[v], cum);
+    built.push_back(cycle[p].freq);
+    enc_of[p] = enc.data();
+  }
+  const uint32_t e = cycle[0].e;
+  const uint32_t* freq = cycle[0].freq;
 
   // Words are produced last to first; they are written from the end of a
   // buffer that fits the most a stream can emit (one per symbol plus the
@@ -526,15 +565,17 @@ size_t WriteRans(std::span<const uint32_t> symbols, uint32_t e, const std::array
   // but it is checked); the scalar loop takes the rest, last symbols first.
   bool simd = false;
 #if defined(__x86_64__)
-  simd = lanes == 8 && n >= 8 && simd::Avx2();
+  simd = period == 1 && lanes == 8 && n >= 8 && simd::Avx2();
   for (uint32_t v = 0; v <= e && simd; ++v) simd = freq[v] < kProbScale;
 #endif
   const size_t stop = simd ? n / 8 * 8 : 0;
-  // Symbol i goes to lane i % lanes; the lane index is counted down, not divided.
+  // Symbol i goes to lane i % lanes and table i % period; both indices are
+  // counted down, not divided.
   uint32_t lane = static_cast<uint32_t>((n - 1) % lanes);
-  for (size_t i = n; i-- > stop; lane = lane == 0 ? lanes - 1 : lane - 1) {
+  size_t p = (n - 1) % period;
+  for (size_t i = n; i-- > stop; lane = lane == 0 ? lanes - 1 : lane - 1, p = p == 0 ? period - 1 : p - 1) {
     uint32_t& st = x[lane];
-    const EncSymbol& es = enc[syms[i]];
+    const EncSymbol& es = enc_of[p][syms[i]];
     if (st >= es.renorm_bound) {
       words[--pos] = static_cast<uint16_t>(st);
       st >>= 16;
@@ -548,7 +589,7 @@ size_t WriteRans(std::span<const uint32_t> symbols, uint32_t e, const std::array
     alignas(32) uint32_t fc[kMaxAlphabet];
     alignas(32) double inv[kMaxAlphabet];
     for (uint32_t v = 0; v <= e; ++v) {
-      fc[v] = freq[v] | (enc[v].cum << 16);
+      fc[v] = freq[v] | (enc_of[0][v].cum << 16);
       inv[v] = freq[v] ? 1.0 / freq[v] : 0.0;
     }
     pos = EncodeRounds8Avx2(syms.get(), stop / 8, fc, inv, x, words.get(), pos);
@@ -753,7 +794,8 @@ size_t EncodeStream(std::span<const uint32_t> symbols, const SymbolCounts& count
     return out.size() - start;
   }
   const Plan p = MakePlan(st.s, options);
-  return WriteRans(symbols, p.escape, p.freq, p.lanes, p.escape_bytes, /*inline_table=*/true, out);
+  const CodingTable table{p.escape, p.freq.data()};
+  return WriteRans(symbols, {&table, 1}, p.lanes, p.escape_bytes, /*inline_table=*/true, out);
 }
 
 uint64_t EstimateStreamBytes(std::span<const uint32_t> symbols, double scale, const EncodeOptions& options) {
@@ -816,7 +858,72 @@ size_t EncodeStreamWithTable(std::span<const uint32_t> symbols, const FreqTable&
     return out.size() - start;
   }
   const uint32_t lanes = LanesFor(CodedBits(count.data(), table.freq.data(), e), n, options);
-  return WriteRans(symbols, table.escape, table.freq, lanes, escape_bytes, /*inline_table=*/false, out);
+  const CodingTable t{table.escape, table.freq.data()};
+  return WriteRans(symbols, {&t, 1}, lanes, escape_bytes, /*inline_table=*/false, out);
+}
+
+namespace {
+
+// What EncodeStreamWithTables decides from a non-empty stream's symbols:
+// constant or not, the escape area and the coded information.
+struct CycleCosts {
+  bool constant = true;
+  uint64_t escape_bytes = 0;
+  double bits = 0;
+};
+
+CycleCosts CostsWithTables(std::span<const uint32_t> symbols, const CycleTables& ct) {
+  CycleCosts c;
+  const size_t period = ct.which.size();
+  std::vector<std::array<uint64_t, kMaxAlphabet>> count(ct.distinct.size());
+  for (size_t i = 0, p = 0; i < symbols.size(); ++i, p = p + 1 == period ? 0 : p + 1) {
+    const uint32_t v = symbols[i], t = ct.which[p], e = ct.distinct[t]->escape;
+    c.constant = c.constant && v == symbols[0];
+    if (v >= e) c.escape_bytes += VarintLen(v - e);
+    ++count[t][std::min(v, e)];
+  }
+  for (size_t t = 0; t < ct.distinct.size(); ++t)
+    c.bits += CodedBits(count[t].data(), ct.distinct[t]->freq.data(), ct.distinct[t]->escape);
+  return c;
+}
+
+bool SameTable(std::span<const FreqTable* const> cycle) {
+  return std::all_of(cycle.begin(), cycle.end(), [&](const FreqTable* t) { return t == cycle[0]; });
+}
+
+}  // namespace
+
+size_t EncodeStreamWithTables(std::span<const uint32_t> symbols, std::span<const FreqTable* const> cycle,
+                              ByteWriter& out, const EncodeOptions& options) {
+  if (SameTable(cycle)) return EncodeStreamWithTable(symbols, *cycle[0], out, options);
+  const size_t start = out.size();
+  if (symbols.empty()) {
+    out.U8(kModeEmpty);
+    return 1;
+  }
+  const CycleTables ct(cycle);
+  const CycleCosts c = CostsWithTables(symbols, ct);
+  if (c.constant) {
+    out.U8(kModeConstant);
+    out.Varint(symbols[0]);
+    return out.size() - start;
+  }
+  std::vector<CodingTable> tables(cycle.size());
+  for (size_t p = 0; p < cycle.size(); ++p) tables[p] = {cycle[p]->escape, cycle[p]->freq.data()};
+  return WriteRans(symbols, tables, LanesFor(c.bits, symbols.size(), options), c.escape_bytes,
+                   /*inline_table=*/false, out);
+}
+
+uint64_t EstimateStreamBytesWithTables(std::span<const uint32_t> symbols, std::span<const FreqTable* const> cycle,
+                                       double scale, const EncodeOptions& options) {
+  if (SameTable(cycle)) return EstimateStreamBytesWithTable(symbols, *cycle[0], scale, options);
+  if (symbols.empty()) return 1;
+  const CycleCosts c = CostsWithTables(symbols, CycleTables(cycle));
+  if (c.constant) return 1 + VarintLen(symbols[0]);
+  const double bits = c.bits * scale;
+  const auto n = static_cast<uint64_t>(double(symbols.size()) * scale + 0.5);
+  const auto escape_bytes = static_cast<uint64_t>(double(c.escape_bytes) * scale + 0.5);
+  return RansStreamBytes(bits, LanesFor(bits, std::max<uint64_t>(n, 1), options), escape_bytes, /*table_bytes=*/0);
 }
 
 uint64_t EstimateStreamBytesWithTable(std::span<const uint64_t> histogram, const FreqTable& table,
@@ -897,6 +1004,10 @@ void BuildTable(const uint32_t* freq, uint32_t e, uint32_t* table, TableForm for
 
 }  // namespace
 
+namespace {
+Status ParseLanesAndAreas(ByteReader& in, size_t n, StreamHeader* s);
+}  // namespace
+
 Status ParseStreamHeader(ByteReader& in, size_t n, StreamHeader* s) {
   s->mode = in.U8();
   if (!in.ok()) return Corrupt("truncated before mode byte");
@@ -925,6 +1036,18 @@ Status ParseStreamHeader(ByteReader& in, size_t n, StreamHeader* s) {
     sum += f;
   }
   if (sum != kProbScale) return Corrupt("frequency table sums to " + std::to_string(sum) + ", expected 4096");
+  CG_RETURN_IF_ERROR(ParseLanesAndAreas(in, n, s));
+  if (!s->esc.empty() && s->freq[e] == 0) return Corrupt("escape bytes present but the escape symbol has frequency 0");
+  s->escape = e;
+  s->escape_used = s->freq[e] > 0;
+  return Status::Ok();
+}
+
+namespace {
+
+// The part of a mode 2 or 3 stream after its table: lanes, lengths, escape
+// area, payload; the initial lane states are checked.
+Status ParseLanesAndAreas(ByteReader& in, size_t n, StreamHeader* s) {
   const uint32_t lanes = in.U8();
   const uint64_t esc_len = in.Varint();
   const uint64_t payload_len = in.Varint();
@@ -940,9 +1063,6 @@ Status ParseStreamHeader(ByteReader& in, size_t n, StreamHeader* s) {
   }
   // Each escape varint is at most 5 bytes (values are 32-bit).
   if (esc_len > 5ull * n) return Corrupt("escape area longer than the symbols could need");
-  if (esc_len > 0 && s->freq[e] == 0) return Corrupt("escape bytes present but the escape symbol has frequency 0");
-  s->escape = e;
-  s->escape_used = s->freq[e] > 0;
   s->lanes = lanes;
   s->esc = in.Bytes(esc_len);
   s->payload = in.Bytes(payload_len);
@@ -953,6 +1073,8 @@ Status ParseStreamHeader(ByteReader& in, size_t n, StreamHeader* s) {
   }
   return Status::Ok();
 }
+
+}  // namespace
 
 Status ParseStream(ByteReader& in, size_t n, ParsedStream* s, TableForm form) {
   StreamHeader h;
@@ -1233,6 +1355,53 @@ Status DecodeParsed(std::span<ParsedStream* const> streams, std::span<uint32_t* 
   CG_RETURN_IF_ERROR(lanes8.Flush());
 #endif
   return one_lane.Flush();
+}
+
+void BuildDecodeTable(const FreqTable& table, DecodeTable* out) {
+  BuildTable(table.freq.data(), table.escape, out->entry, TableForm::kSymbols);
+  out->escape = table.escape;
+}
+
+Status DecodeStreamWithTables(ByteReader& in, std::span<const DecodeTable* const> cycle, std::span<uint32_t> out) {
+  const size_t n = out.size(), period = cycle.size();
+  if (period == 0) return Status::Internal("rANS stream: empty table cycle");
+  ByteReader peek = in;
+  const uint8_t mode = peek.U8();
+  if (!peek.ok() || mode != kModeTable) {
+    if (peek.ok() && mode == kModeRans) return Corrupt("a table-form stream was expected");
+    return DecodeStream(in, out);  // modes 0 and 1 (and the errors of others)
+  }
+  in = peek;
+  StreamHeader h;
+  CG_RETURN_IF_ERROR(ParseLanesAndAreas(in, n, &h));
+  // Scalar, one symbol at a time: each may use another table and escape
+  // threshold, and escapes are read as they are decoded (in symbol order).
+  // Streams of this form come from small models' profile frames.
+  uint32_t x[kMaxLanes];
+  for (uint32_t j = 0; j < h.lanes; ++j) x[j] = Load16(h.payload.data() + 4 * j) | (Load16(h.payload.data() + 4 * j + 2) << 16);
+  const uint8_t* body = h.payload.data() + 4 * h.lanes;
+  const size_t nwords = h.payload.size() / 2 - 2 * h.lanes;
+  ByteReader er(h.esc);
+  size_t pos = 0;
+  for (size_t i = 0, j = 0, p = 0; i < n; ++i, j = j + 1 == h.lanes ? 0 : j + 1, p = p + 1 == period ? 0 : p + 1) {
+    const DecodeTable& t = *cycle[p];
+    uint32_t v = Step(x[j], t.entry);
+    if (x[j] < kL) {
+      if (pos >= nwords) return Corrupt("payload length does not match the coded symbols");
+      x[j] = (x[j] << 16) | Load16(body + 2 * pos++);
+    }
+    if (v == t.escape) {
+      const uint64_t d = er.Varint();
+      if (!er.ok() || d > UINT32_MAX - v) return Corrupt("escape area exhausted or out of range");
+      v += static_cast<uint32_t>(d);
+    }
+    out[i] = v;
+  }
+  if (pos != nwords) return Corrupt("payload has unread words after the last symbol");
+  for (uint32_t j = 0; j < h.lanes; ++j)
+    if (x[j] != kL) return Corrupt("final state of lane " + std::to_string(j) + " is not the initial value");
+  if (er.remaining() != 0) return Corrupt("escape area has unread bytes");
+  return Status::Ok();
 }
 
 Status DecodeStream(ByteReader& in, std::span<uint32_t> out) {

@@ -92,6 +92,29 @@ uint64_t EstimateStreamBytesWithTable(std::span<const uint64_t> histogram, const
 // The same from the symbols, scaled like EstimateStreamBytes(symbols, scale).
 uint64_t EstimateStreamBytesWithTable(std::span<const uint32_t> symbols, const FreqTable& table, double scale,
                                       const EncodeOptions& options = {});
+// Table form with a cycle of tables (a profile with channel classes,
+// FORMAT.md ".cgprof" version 4): symbol i is coded with
+// *cycle[i % cycle.size()]. Same bytes as EncodeStreamWithTable (mode 3;
+// modes 0 and 1 for empty and constant streams); the tables may have
+// different escape thresholds. A cycle of one table, or of one table
+// repeated, writes exactly what EncodeStreamWithTable writes.
+size_t EncodeStreamWithTables(std::span<const uint32_t> symbols, std::span<const FreqTable* const> cycle,
+                              ByteWriter& out, const EncodeOptions& options = {});
+// Bytes EncodeStreamWithTables would append, scaled like
+// EstimateStreamBytesWithTable(symbols, table, scale).
+uint64_t EstimateStreamBytesWithTables(std::span<const uint32_t> symbols, std::span<const FreqTable* const> cycle,
+                                       double scale, const EncodeOptions& options = {});
+// The decoder's form of a FreqTable: one entry per slot (TableForm::kSymbols).
+struct DecodeTable {
+  alignas(64) uint32_t entry[kProbScale];
+  uint32_t escape = 0;
+};
+void BuildDecodeTable(const FreqTable& table, DecodeTable* out);
+// Reads a stream written by EncodeStreamWithTables with the same cycle (as
+// decode tables) into out (exactly out.size() symbols). Untrusted input, as
+// DecodeStream; a mode-2 stream (inline table) is kCorrupt here.
+Status DecodeStreamWithTables(ByteReader& in, std::span<const DecodeTable* const> cycle, std::span<uint32_t> out);
+
 // Stream mode bytes (FORMAT.md "Symbol streams").
 constexpr uint8_t kModeEmpty = 0;     // no symbols; nothing follows
 constexpr uint8_t kModeConstant = 1;  // varint value; every symbol equals it

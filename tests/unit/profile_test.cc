@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <set>
 
 #include <gtest/gtest.h>
 
@@ -29,10 +30,18 @@ std::vector<KVTensor> Contexts(uint32_t first, int n) {
   return out;
 }
 
-// Profiles of the format's versions 1 and 2 (no learned key transforms).
+// Profiles of the format's versions 1 to 3 (no learned key transforms, no
+// channel classes).
 ProfileTrainOptions NoTransforms() {
   ProfileTrainOptions o;
   o.key_transform = false;
+  o.key_channel_classes = false;
+  return o;
+}
+// Key transforms without channel classes (version 3).
+ProfileTrainOptions NoClasses() {
+  ProfileTrainOptions o;
+  o.key_channel_classes = false;
   return o;
 }
 
@@ -130,10 +139,10 @@ void ExpectHostileRejected(const std::vector<uint8_t>& good) {
   }
   // Valid checksum, invalid fields: the field checks behind it.
   auto v = good;
-  v[4] = 4;  // version 4
+  v[4] = 5;  // version 5
   EXPECT_EQ(Profile::Parse(Resealed(v)).status().code(), StatusCode::kUnsupported);
   v = good;
-  v[6] |= 8;  // an unknown flag
+  v[6] |= 16;  // an unknown flag
   EXPECT_EQ(Profile::Parse(Resealed(v)).status().code(), StatusCode::kCorrupt);
   v = good;
   v[8] = 0, v[9] = 0, v[10] = 0, v[11] = 0;  // layers 0
@@ -322,7 +331,7 @@ TEST(Profile, KeyTransformsDecorrelateHeldOutKeys) {
   const auto ctx = CorrelatedContexts();
   std::vector<KVView> views;
   for (int i = 0; i < 3; ++i) views.push_back(ctx[i].view());
-  auto with = Profile::Train(views, CodecConfig{});
+  auto with = Profile::Train(views, CodecConfig{}, NoClasses());
   auto without = Profile::Train(views, CodecConfig{}, NoTransforms());
   ASSERT_TRUE(with.ok() && without.ok());
   const internal::ProfileData& d = (*with)->data();
@@ -385,7 +394,7 @@ TEST(Profile, HostileTransformsAreRejected) {
   const auto ctx = CorrelatedContexts();
   std::vector<KVView> views;
   for (int i = 0; i < 3; ++i) views.push_back(ctx[i].view());
-  auto p = Profile::Train(views, CodecConfig{});
+  auto p = Profile::Train(views, CodecConfig{}, NoClasses());
   ASSERT_TRUE(p.ok());
   const std::vector<uint8_t>& good = (*p)->bytes();
   ExpectHostileRejected(good);
@@ -408,6 +417,89 @@ TEST(Profile, HostileTransformsAreRejected) {
   EXPECT_EQ(Profile::Parse(Resealed(v)).status().code(), StatusCode::kCorrupt);
   v = good;
   v[4] = 2;  // version 2 does not know the transforms flag
+  EXPECT_EQ(Profile::Parse(Resealed(v)).status().code(), StatusCode::kCorrupt);
+}
+
+// Channel classes (format version 4): K sections get one table per class of
+// channels whose quantizer inputs spread alike against their coded scales,
+// V sections keep one per head. Channel weights (2^(c % 4) on layer 0's K)
+// spread the coded scales within each head, so one table per head fits its
+// channels badly; with classes the same frames take fewer bits, so at the
+// same bit target the keys come out closer. The classes round-trip, and
+// hostile class bytes are rejected.
+TEST(Profile, ChannelClassesCodeKeysCloserAtEqualBits) {
+  const auto ctx = Contexts(0, 3);
+  std::vector<KVView> views;
+  for (const auto& t : ctx) views.push_back(t.view());
+  const uint32_t D = kShape.head_dim, C = kShape.kv_heads * D, sections = kShape.layers * 2;
+  ProfileTrainOptions o = NoTransforms();
+  o.channel_weights.resize(sections);
+  o.channel_weights[0].assign(size_t{C} * D, 0.0);
+  for (uint32_t c = 0; c < C; ++c) o.channel_weights[0][(size_t{c / D} * D + c % D) * D + c % D] = std::exp2(double(c % 4));
+  auto without = Profile::Train(views, CodecConfig{}, o);
+  o.key_channel_classes = true;
+  auto with = Profile::Train(views, CodecConfig{}, o);
+  ASSERT_TRUE(with.ok() && without.ok()) << with.status().ToString();
+  const std::vector<uint8_t>& good = (*with)->bytes();
+  EXPECT_EQ(good[4], 4);
+  EXPECT_EQ(good[6], 8);  // the classes flag
+  EXPECT_EQ((*without)->bytes()[4], 3);
+  const internal::ProfileData& d = (*with)->data();
+  EXPECT_EQ(d.sigma_code, (*without)->data().sigma_code);
+  for (uint32_t sec = 0; sec < sections; ++sec) {
+    if (sec % 2) {
+      EXPECT_FALSE(d.HasClasses(sec)) << sec;
+      continue;
+    }
+    ASSERT_TRUE(d.HasClasses(sec)) << sec;
+    ASSERT_EQ(d.class_of[sec].size(), size_t{2} * C);
+    for (uint8_t c : d.class_of[sec]) EXPECT_LT(c, d.classes[sec]);
+  }
+  // Layer 0's weighted K channels: four scales a head, four anchor classes at least.
+  std::set<uint8_t> anchor_classes(d.class_of[0].begin(), d.class_of[0].begin() + C);
+  EXPECT_GE(anchor_classes.size(), 4u);
+  auto again = Profile::Parse(good);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ((*again)->bytes(), good);
+  EXPECT_EQ((*again)->data().class_of, d.class_of);
+
+  RegisterProfile(*with);
+  RegisterProfile(*without);
+  const KVTensor held_out = Contexts(3, 1)[0];
+  double bits_with = 0, bits_without = 0;
+  const KVTensor out_with = KeysAt2Bits(held_out, *with, &bits_with);
+  const KVTensor out_without = KeysAt2Bits(held_out, *without, &bits_without);
+  EXPECT_NEAR(bits_with, 2, 0.16);
+  EXPECT_NEAR(bits_without, 2, 0.16);
+  auto key_mse = [&](const KVTensor& out) {
+    double e = 0;
+    for (uint32_t t = 0; t < kShape.tokens; ++t)
+      for (uint32_t h = 0; h < kShape.kv_heads; ++h)
+        for (uint32_t x = 0; x < D; ++x) {
+          const double diff = held_out.view().Get(0, KV::kKey, t, h, x) - out.view().Get(0, KV::kKey, t, h, x);
+          e += diff * diff;
+        }
+    return e;
+  };
+  const double mse_with = key_mse(out_with), mse_without = key_mse(out_without);
+  EXPECT_LT(mse_with, mse_without) << mse_with << " vs " << mse_without;
+
+  ExpectHostileRejected(good);
+  // Section 0's class count follows its scale codes and mean varints.
+  size_t at = 56 + C;
+  for (int32_t m : d.mean_code[0]) {
+    uint32_t z = (static_cast<uint32_t>(m) << 1) ^ static_cast<uint32_t>(m >> 31);
+    for (++at; z >= 0x80; z >>= 7) ++at;
+  }
+  ASSERT_EQ(good[at], d.classes[0]);
+  auto v = good;
+  v[at] = 65;  // more classes than allowed
+  EXPECT_EQ(Profile::Parse(Resealed(v)).status().code(), StatusCode::kCorrupt);
+  v = good;
+  v[at + 1] = d.classes[0];  // a channel's class out of range
+  EXPECT_EQ(Profile::Parse(Resealed(v)).status().code(), StatusCode::kCorrupt);
+  v = good;
+  v[4] = 3;  // version 3 does not know the classes flag
   EXPECT_EQ(Profile::Parse(Resealed(v)).status().code(), StatusCode::kCorrupt);
 }
 

@@ -226,6 +226,141 @@ TEST(Rans, ShortStreamsGetOneLane) {
   }
 }
 
+// Streams coded with a cycle of tables (channel classes): symbol i from a
+// distribution of its own position i % 4, each position with its own table
+// (different escape thresholds; some values escape). Decode, estimate,
+// lanes, and the single-table case writing what EncodeStreamWithTable writes.
+struct TableCycle {
+  std::vector<FreqTable> tables;
+  std::vector<const FreqTable*> cycle;
+  std::vector<DecodeTable> decode;
+  std::vector<const DecodeTable*> decode_cycle;
+};
+TableCycle MakeCycle(const std::vector<uint32_t>& v, size_t period) {
+  TableCycle t;
+  for (size_t p = 0; p < period; ++p) {
+    std::vector<uint64_t> hist(p == 0 ? 4 : 40, 0);  // position 0's table escapes from 3 on
+    for (size_t i = p; i < v.size(); i += period) ++hist[std::min<size_t>(v[i], hist.size() - 1)];
+    t.tables.push_back(MakeFreqTable(hist));
+  }
+  t.decode.resize(period);
+  for (size_t p = 0; p < period; ++p) {
+    t.cycle.push_back(&t.tables[p]);
+    BuildDecodeTable(t.tables[p], &t.decode[p]);
+    t.decode_cycle.push_back(&t.decode[p]);
+  }
+  return t;
+}
+
+std::vector<uint32_t> PositionalSymbols(size_t n, size_t period, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint32_t> v(n);
+  for (size_t i = 0; i < n; ++i) {
+    std::geometric_distribution<uint32_t> d(0.8 / double(1 + i % period));  // position p: mean about p
+    v[i] = rng() % 97 == 0 ? 300 + static_cast<uint32_t>(rng() % 100000) : d(rng);
+  }
+  return v;
+}
+
+TEST(Rans, TableCyclesRoundTrip) {
+  constexpr size_t kPeriod = 4;
+  for (size_t n : {size_t{1}, size_t{7}, size_t{300}, size_t{5000}}) {
+    const std::vector<uint32_t> v = PositionalSymbols(n, kPeriod, 40 + n);
+    const TableCycle t = MakeCycle(PositionalSymbols(20000, kPeriod, 1), kPeriod);
+    for (uint32_t below : {0u, 512u}) {
+      SCOPED_TRACE("n=" + std::to_string(n) + " single_lane_below=" + std::to_string(below));
+      const EncodeOptions opt{.lanes = 8, .single_lane_below_bytes = below};
+      std::vector<uint8_t> buf;
+      ByteWriter w(&buf);
+      EncodeStreamWithTables(v, t.cycle, w, opt);
+      buf.push_back(0xAB);
+      ByteReader r(buf);
+      std::vector<uint32_t> out(n, 7);
+      const Status st = DecodeStreamWithTables(r, t.decode_cycle, out);
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      EXPECT_EQ(r.remaining(), 1u);
+      EXPECT_EQ(out, v);
+      const uint64_t est = EstimateStreamBytesWithTables(v, t.cycle, 1.0, opt);
+      EXPECT_NEAR(double(est), double(buf.size() - 1), 3.0 * 8 + 4 + 0.002 * buf.size());
+      // Coded with the cycle, the symbols take less than with one table for all.
+      if (n >= 300) {
+        std::vector<uint64_t> hist(40, 0);
+        for (uint32_t x : PositionalSymbols(20000, kPeriod, 1)) ++hist[std::min<uint32_t>(x, 39)];
+        const FreqTable one = MakeFreqTable(hist);
+        std::vector<uint8_t> single;
+        ByteWriter sw(&single);
+        EncodeStreamWithTable(v, one, sw, opt);
+        EXPECT_LT(buf.size() - 1, single.size());
+      }
+      // Decoding with another cycle fails or differs, never crashes.
+      std::vector<const DecodeTable*> shifted(t.decode_cycle.begin() + 1, t.decode_cycle.end());
+      shifted.push_back(t.decode_cycle[0]);
+      ByteReader r2(buf);
+      if (DecodeStreamWithTables(r2, shifted, out).ok() && n > 1) EXPECT_NE(out, v);
+    }
+  }
+  // One table, or one table repeated: the bytes of EncodeStreamWithTable.
+  const std::vector<uint32_t> v = PositionalSymbols(3000, kPeriod, 9);
+  const TableCycle t = MakeCycle(v, 1);
+  std::vector<uint8_t> a, b, c;
+  ByteWriter wa(&a), wb(&b), wc(&c);
+  EncodeStreamWithTable(v, t.tables[0], wa);
+  EncodeStreamWithTables(v, t.cycle, wb);
+  const std::vector<const FreqTable*> repeated(5, &t.tables[0]);
+  EncodeStreamWithTables(v, repeated, wc);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(a, c);
+  // Empty and constant streams keep modes 0 and 1; an inline-table stream is refused.
+  const TableCycle t4 = MakeCycle(PositionalSymbols(2000, kPeriod, 2), kPeriod);
+  for (const std::vector<uint32_t>& s : {std::vector<uint32_t>{}, std::vector<uint32_t>(9, 2)}) {
+    std::vector<uint8_t> e;
+    ByteWriter we(&e);
+    EncodeStreamWithTables(s, t4.cycle, we);
+    EXPECT_EQ(e[0], s.empty() ? kModeEmpty : kModeConstant);
+    EXPECT_EQ(EstimateStreamBytesWithTables(s, t4.cycle, 1.0), e.size());
+    ByteReader er(e);
+    std::vector<uint32_t> out(s.size());
+    ASSERT_TRUE(DecodeStreamWithTables(er, t4.decode_cycle, out).ok());
+    EXPECT_EQ(out, s);
+  }
+  const std::vector<uint8_t> inline_table = Encode(v);
+  ByteReader ir(inline_table);
+  std::vector<uint32_t> out(v.size());
+  EXPECT_EQ(DecodeStreamWithTables(ir, t4.decode_cycle, out).code(), StatusCode::kCorrupt);
+}
+
+// Every flipped byte and truncation of a cycle-coded stream: kCorrupt or a
+// clean decode, never a crash or an over-read (ASan).
+TEST(Rans, TableCycleCorruptionNeverCrashes) {
+  constexpr size_t kPeriod = 4;
+  const std::vector<uint32_t> v = PositionalSymbols(300, kPeriod, 5);
+  const TableCycle t = MakeCycle(v, kPeriod);
+  for (uint32_t below : {0u, 4096u}) {
+    std::vector<uint8_t> good;
+    ByteWriter w(&good);
+    EncodeStreamWithTables(v, t.cycle, w, {.lanes = 8, .single_lane_below_bytes = below});
+    std::vector<uint32_t> out(v.size());
+    for (size_t i = 0; i < good.size(); ++i)
+      for (uint8_t mask : {0x01, 0x80, 0xff}) {
+        auto bad = good;
+        bad[i] ^= mask;
+        ByteReader r(bad);
+        const Status st = DecodeStreamWithTables(r, t.decode_cycle, out);
+        if (!st.ok()) EXPECT_EQ(st.code(), StatusCode::kCorrupt) << st.ToString();
+      }
+    for (size_t len = 0; len < good.size(); ++len) {
+      std::vector<uint8_t> cut(good.begin(), good.begin() + len);
+      ByteReader r(cut);
+      EXPECT_FALSE(DecodeStreamWithTables(r, t.decode_cycle, out).ok()) << len;
+    }
+    for (size_t m : {v.size() + 1, v.size() - 1, v.size() * 10}) {
+      ByteReader r(good);
+      std::vector<uint32_t> other(m);
+      EXPECT_FALSE(DecodeStreamWithTables(r, t.decode_cycle, other).ok()) << m;
+    }
+  }
+}
+
 // Every flipped byte and every truncation of a small stream must decode
 // cleanly or fail with kCorrupt; it must never read out of bounds (ASan).
 TEST(Rans, CorruptionNeverCrashes) {

@@ -22,7 +22,7 @@ namespace {
 struct ProfileArgs {
   std::string model, text, output;
   uint32_t contexts = 8, context = 384, continuation = 128, skip = 0, threads = 0;
-  bool rope = true, sensitivity = true, channel_weights = true, key_transform = true;
+  bool rope = true, sensitivity = true, channel_weights = true, key_transform = true, channel_classes = true;
   std::vector<double> steps = engine::SensitivityOptions().steps;
   CodecConfig tuning;
 };
@@ -101,6 +101,7 @@ int RunTrain(const ProfileArgs& a) {
   // K sections only: V weights measured no gain on stories260K (docs/EVAL.md).
   ProfileTrainOptions train;
   train.key_transform = a.key_transform;
+  train.key_channel_classes = a.channel_classes;
   if (use_weights) train.channel_weights = weights.weights();
   for (size_t i = 1; i < train.channel_weights.size(); i += 2) train.channel_weights[i].clear();
   if (a.key_transform && cfg.rotate) std::fprintf(stderr, "profile: key transforms skipped (not with --rotate)\n");
@@ -160,6 +161,10 @@ const bool kRegistered = RegisterCommand(55, [](CLI::App& root) -> CommandRunner
       ->capture_default_str();
   t->add_flag("--key-transform,!--no-key-transform", a->key_transform,
               "Learn a per-head decorrelating transform of the keys (KLT; frames code keys in that basis)")
+      ->capture_default_str();
+  t->add_flag("--channel-classes,!--no-channel-classes", a->channel_classes,
+              "Code K sections with one entropy table per class of alike channels instead of one per head "
+              "(profile format version 4)")
       ->capture_default_str();
   t->add_option("--threads", a->threads, "llama.cpp threads (0: its default)")->capture_default_str();
   t->add_flag("--rope,!--no-rope", a->rope, "Learn keys with the model's RoPE undone (as the codec codes them)")

@@ -27,9 +27,17 @@ constexpr uint32_t kMagic = 0x46504743;  // "CGPF"
 constexpr uint16_t kVersion1 = 1;
 constexpr uint16_t kVersion2 = 2;
 constexpr uint16_t kVersion3 = 3;
+constexpr uint16_t kVersion4 = 4;
 constexpr uint16_t kFlagSensitivity = 1;
 constexpr uint16_t kFlagTransforms = 2;
 constexpr uint16_t kFlagLloydTables = 4;  // version 3: K tables of the learned quantizer (else uniform)
+constexpr uint16_t kFlagChannelClasses = 8;  // version 4: per section a class count (and classes)
+// Classes a section may have (training makes at most 16 per stream kind).
+constexpr uint32_t kMaxClasses = 64;
+// Training: classes are quarter octaves of a channel's input spread against
+// its coded scale, at most this many per stream kind.
+constexpr int kClassesPerOctave = 4;
+constexpr int kMaxTrainClasses = 16;
 // Sensitivities are finite and within these bounds (KL per squared step).
 constexpr float kMinSensitivity = 1e-30f, kMaxSensitivity = 1e30f;
 constexpr size_t kHeaderBytes = 56;
@@ -53,8 +61,10 @@ std::vector<uint8_t> Serialize(const internal::ProfileData& d) {
   // Version 3 records the quantizer; a profile that does not know it stays at 1 or 2.
   const bool v3 = transforms || d.tables_for != internal::ProfileData::TablesFor::kUnknown;
   const bool lloyd = d.tables_for == internal::ProfileData::TablesFor::kLloyd;
-  w.U16(v3 ? kVersion3 : sens ? kVersion2 : kVersion1);
-  w.U16((sens ? kFlagSensitivity : 0) | (transforms ? kFlagTransforms : 0) | (lloyd ? kFlagLloydTables : 0));
+  const bool classes = std::any_of(d.classes.begin(), d.classes.end(), [](uint8_t n) { return n > 0; });
+  w.U16(classes ? kVersion4 : v3 ? kVersion3 : sens ? kVersion2 : kVersion1);
+  w.U16((sens ? kFlagSensitivity : 0) | (transforms ? kFlagTransforms : 0) | (lloyd ? kFlagLloydTables : 0) |
+        (classes ? kFlagChannelClasses : 0));
   w.U32(d.layers);
   w.U32(d.kv_heads);
   w.U32(d.head_dim);
@@ -74,10 +84,14 @@ std::vector<uint8_t> Serialize(const internal::ProfileData& d) {
   for (uint32_t s = 0; s < d.layers * 2; ++s) {
     for (uint32_t c = 0; c < C; ++c) w.U8(d.sigma_code[s][c]);
     for (uint32_t c = 0; c < C; ++c) w.Varint(ZigZag(d.mean_code[s][c]));
+    if (classes) {
+      w.U8(d.HasClasses(s) ? d.classes[s] : 0);
+      if (d.HasClasses(s)) w.Bytes(d.class_of[s]);
+    }
     for (uint32_t g = 0; g < d.grid_points; ++g)
-      for (uint32_t h = 0; h < d.kv_heads; ++h)
+      for (uint32_t u = 0; u < d.TableUnits(s); ++u)
         for (uint32_t k = 0; k < 2; ++k) {
-          const rans::FreqTable& t = d.Table(s, g, h, k);
+          const rans::FreqTable& t = d.Table(s, g, u, k);
           w.U8(static_cast<uint8_t>(t.escape));
           for (uint32_t v = 0; v <= t.escape; ++v) w.Varint(t.freq[v]);
         }
@@ -125,15 +139,30 @@ Status ParseTransforms(ByteReader& r, internal::ProfileData* d) {
   return Status::Ok();
 }
 
+// A section's class count and (when not 0) its channels' classes per stream kind.
+Status ParseClasses(ByteReader& r, uint32_t section, internal::ProfileData* d) {
+  const uint32_t n = r.U8();
+  if (!r.ok()) return Bad("truncated channel classes");
+  if (n > kMaxClasses) return Bad("more than " + std::to_string(kMaxClasses) + " channel classes");
+  d->classes[section] = static_cast<uint8_t>(n);
+  if (n == 0) return Status::Ok();
+  const auto bytes = r.Bytes(size_t{2} * d->channels());
+  if (!r.ok()) return Bad("truncated channel classes");
+  for (uint8_t c : bytes)
+    if (c >= n) return Bad("channel class out of range");
+  d->class_of[section].assign(bytes.begin(), bytes.end());
+  return Status::Ok();
+}
+
 Result<internal::ProfileData> ParseData(std::span<const uint8_t> bytes) {
   if (bytes.size() < kHeaderBytes + 8) return Bad("truncated (" + std::to_string(bytes.size()) + " bytes)");
   ByteReader r(bytes);
   if (r.U32() != kMagic) return Bad("wrong magic (not a .cgprof)");
   const uint16_t version = r.U16();
   if (version == 0) return Bad("version 0");
-  if (version > kVersion3)
+  if (version > kVersion4)
     return Status::Unsupported("profile format version " + std::to_string(version) +
-                               " is newer than the supported version 3");
+                               " is newer than the supported version 4");
   const std::span<const uint8_t> body = bytes.first(bytes.size() - 8);
   ByteReader tail(bytes.subspan(bytes.size() - 8));
   if (tail.U64() != Checksum64(body)) return Bad("checksum mismatch");
@@ -155,7 +184,9 @@ Result<internal::ProfileData> ParseData(std::span<const uint8_t> bytes) {
   d.tokens = r.U32();
   const uint16_t known = version == kVersion1   ? 0
                          : version == kVersion2 ? kFlagSensitivity
-                                                : kFlagSensitivity | kFlagTransforms | kFlagLloydTables;
+                         : version == kVersion3 ? kFlagSensitivity | kFlagTransforms | kFlagLloydTables
+                                                : kFlagSensitivity | kFlagTransforms | kFlagLloydTables |
+                                                      kFlagChannelClasses;
   if ((flags & ~known) != 0 || reserved != 0) return Bad("unknown flags or reserved bits set");
   if (version >= kVersion3)
     d.tables_for = flags & kFlagLloydTables ? internal::ProfileData::TablesFor::kLloyd
@@ -178,16 +209,20 @@ Result<internal::ProfileData> ParseData(std::span<const uint8_t> bytes) {
   if (d.grid_points == 0 || d.grid_points > kMaxGridPoints || d.grid_first < -128 || d.grid_first > 128)
     return Bad("step grid out of limits");
   // Least bytes the rest takes (a scale byte and a mean byte per channel, 4
-  // bytes per table), checked before anything is allocated.
+  // bytes per table of per-head sections), checked before anything is
+  // allocated; sections with classes are checked as they come.
   const uint64_t C = d.channels(), sections = uint64_t{d.layers} * 2;
-  const uint64_t n_tables = sections * d.grid_points * d.kv_heads * 2;
+  const bool has_classes = flags & kFlagChannelClasses;
+  const uint64_t n_tables = has_classes ? 0 : sections * d.grid_points * d.kv_heads * 2;
   const uint64_t sens_bytes = (flags & kFlagSensitivity) ? sections * 4 : 0;
   if (r.remaining() < 8 || r.remaining() - 8 < sections * 2 * C + n_tables * 4 + sens_bytes)
     return Bad("truncated body");
   d.sigma_code.resize(sections);
   d.mean_code.resize(sections);
-  d.tables.resize(n_tables);
-  size_t ti = 0;
+  if (has_classes) {
+    d.classes.assign(sections, 0);
+    d.class_of.assign(sections, {});
+  }
   for (uint64_t s = 0; s < sections; ++s) {
     auto codes = r.Bytes(C);
     if (!r.ok()) return Bad("truncated channel scales");
@@ -198,8 +233,11 @@ Result<internal::ProfileData> ParseData(std::span<const uint8_t> bytes) {
       if (!r.ok() || z > (uint64_t{1} << 31)) return Bad("invalid channel mean");
       d.mean_code[s][c] = UnZigZag(static_cast<uint32_t>(z));
     }
-    for (uint64_t k = 0; k < uint64_t{d.grid_points} * d.kv_heads * 2; ++k) {
-      rans::FreqTable& t = d.tables[ti++];
+    if (has_classes) CG_RETURN_IF_ERROR(ParseClasses(r, static_cast<uint32_t>(s), &d));
+    const uint64_t section_tables = uint64_t{d.grid_points} * d.TableUnits(static_cast<uint32_t>(s)) * 2;
+    if (r.remaining() < section_tables * 4) return Bad("truncated tables");
+    for (uint64_t k = 0; k < section_tables; ++k) {
+      rans::FreqTable& t = d.tables.emplace_back();
       t.escape = r.U8();
       if (!r.ok() || t.escape < 2) return Bad("invalid table escape threshold");
       uint32_t sum = 0;
@@ -222,6 +260,9 @@ Result<internal::ProfileData> ParseData(std::span<const uint8_t> bytes) {
   }
   if (flags & kFlagTransforms) CG_RETURN_IF_ERROR(ParseTransforms(r, &d));
   if (r.remaining() != 8) return Bad("trailing bytes before the checksum");
+  if (has_classes && std::none_of(d.classes.begin(), d.classes.end(), [](uint8_t n) { return n > 0; }))
+    return Bad("channel classes flag without a section with classes");
+  d.IndexTables();
   return d;
 }
 
@@ -353,6 +394,59 @@ Result<std::vector<double>> CodedChannelWeights(const std::vector<double>& m, co
   return w;
 }
 
+// Classes of a K section's channels (ProfileTrainOptions::key_channel_classes)
+// from its coding-domain rows of every context: per stream kind, the quarter
+// octave of the RMS of the quantizer's inputs (anchors: x - mean; deltas: x -
+// its group's first token) over the channel's coded scale. The symbols'
+// distribution at a step depends on that ratio, so channels with equal ones
+// can share a table at every grid point; at most kMaxTrainClasses per kind
+// (octaves beyond them, from the median, join the outermost class).
+void AssignChannelClasses(const std::vector<std::vector<float>>& rows, uint32_t sec, internal::ProfileData* d) {
+  const uint32_t C = d->channels(), G = d->group_tokens;
+  const std::array<float, 256>& sigma_table = SigmaTable();
+  std::vector<double> sq[2] = {std::vector<double>(C, 0), std::vector<double>(C, 0)};
+  uint64_t n[2] = {0, 0};
+  for (const std::vector<float>& r : rows) {
+    const size_t tokens = r.size() / C;
+    for (size_t t = 0; t < tokens; ++t) {
+      const float* x = &r[t * C];
+      const float* first = &r[(t - t % G) * C];
+      for (uint32_t c = 0; c < C; ++c) {
+        const double mean = MeanFromCode(d->mean_code[sec][c], sigma_table[d->sigma_code[sec][c]]);
+        const double a = x[c] - mean, e = x[c] - first[c];
+        sq[0][c] += a * a;
+        if (t % G) sq[1][c] += e * e;
+      }
+      ++n[0];
+      n[1] += t % G ? 1 : 0;
+    }
+  }
+  std::vector<uint8_t> cls(size_t{2} * C, 0);
+  uint32_t count = 1;
+  for (uint32_t kind = 0; kind < 2; ++kind) {
+    if (n[kind] == 0) continue;
+    std::vector<int> bin(C);
+    for (uint32_t c = 0; c < C; ++c) {
+      const double rms = std::sqrt(sq[kind][c] / double(n[kind]));
+      const double sigma = sigma_table[d->sigma_code[sec][c]];
+      bin[c] = static_cast<int>(std::floor(kClassesPerOctave * std::log2(std::max(rms, 1e-30) / sigma)));
+    }
+    std::vector<int> sorted = bin;
+    std::sort(sorted.begin(), sorted.end());
+    const int lo = sorted[C / 2] - kMaxTrainClasses / 2;
+    for (int& b : bin) b = std::clamp(b, lo, lo + kMaxTrainClasses - 1);
+    sorted = bin;
+    std::sort(sorted.begin(), sorted.end());
+    sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
+    for (uint32_t c = 0; c < C; ++c)
+      cls[size_t{kind} * C + c] =
+          static_cast<uint8_t>(std::lower_bound(sorted.begin(), sorted.end(), bin[c]) - sorted.begin());
+    count = std::max(count, static_cast<uint32_t>(sorted.size()));
+  }
+  d->classes[sec] = static_cast<uint8_t>(count);
+  d->class_of[sec] = std::move(cls);
+}
+
 }  // namespace
 
 Result<std::shared_ptr<const Profile>> Profile::Train(std::span<const KVView> contexts, const CodecConfig& cfg,
@@ -455,9 +549,19 @@ Result<std::shared_ptr<const Profile>> Profile::Train(std::span<const KVView> co
     for (uint32_t c = 0; c < C; ++c) ChannelCodes(mean[c], var[c], &d.sigma_code[sec][c], &d.mean_code[sec][c]);
   }
 
-  // Tables: symbol counts at every grid step with the profile's statistics.
-  std::vector<std::vector<uint64_t>> counts(size_t{sections} * d.grid_points * d.kv_heads * 2,
-                                            std::vector<uint64_t>(kTableBins, 0));
+  if (options.key_channel_classes) {
+    d.classes.assign(sections, 0);
+    d.class_of.assign(sections, {});
+    for (uint32_t sec = 0; sec < sections; sec += 2) {
+      std::vector<std::vector<float>> rows;
+      for (const KVView& kv : contexts) rows.push_back(coding_rows(kv, sec));
+      AssignChannelClasses(rows, sec, &d);
+    }
+  }
+
+  // Tables: symbol counts at every grid step with the profile's statistics,
+  // per head or per channel class.
+  std::vector<std::vector<uint64_t>> counts(d.IndexTables(), std::vector<uint64_t>(kTableBins, 0));
   std::vector<uint64_t> hist;
   for (const KVView& kv : contexts) {
     for (uint32_t sec = 0; sec < sections; ++sec) {
@@ -478,10 +582,12 @@ Result<std::shared_ptr<const Profile>> Profile::Train(std::span<const KVView> co
         const float step = static_cast<float>(std::exp2(double(d.grid_first + int32_t(g)) / d.kGridPerOctave));
         for (uint32_t kind = 0; kind < 2; ++kind) {
           if (kind == 1 && d.group_tokens <= 1) continue;
-          a.Histograms(step, /*use_delta=*/kind == 1, kTableBins, &hist);
-          for (uint32_t h = 0; h < d.kv_heads; ++h) {
-            auto& dst = counts[((size_t{sec} * d.grid_points + g) * d.kv_heads + h) * 2 + kind];
-            const uint64_t* src = &hist[(size_t{h} * 2 + kind) * kTableBins];
+          a.Histograms(step, /*use_delta=*/kind == 1, kTableBins, &hist, 1, /*per_channel=*/true);
+          for (uint32_t c = 0; c < C; ++c) {
+            const uint32_t h = c / D;
+            const uint32_t unit = d.HasClasses(sec) ? d.class_of[sec][size_t{kind} * C + c] : h;
+            auto& dst = counts[d.table_begin[sec] + (size_t{g} * d.TableUnits(sec) + unit) * 2 + kind];
+            const uint64_t* src = &hist[((size_t{h} * 2 + kind) * D + c % D) * kTableBins];
             for (size_t v = 0; v < kTableBins; ++v) dst[v] += src[v];
           }
         }

@@ -25,8 +25,16 @@ struct ProfileData {
   // Per section (layer l: 2l = K, 2l + 1 = V), per channel.
   std::vector<std::vector<uint8_t>> sigma_code;
   std::vector<std::vector<int32_t>> mean_code;
-  // [section][grid point][head][0 anchor | 1 delta]
+  // Per section, the units its tables are per: KV heads, or (format version
+  // 4) channel classes: classes[section] > 0 classes, class_of[section][kind
+  // * C + c] the class of channel c in streams of kind 0 (anchors) and 1
+  // (deltas); a stream's symbols are then coded with their channels' tables
+  // (rans::EncodeStreamWithTables).
+  std::vector<uint8_t> classes;  // empty: no section has classes
+  std::vector<std::vector<uint8_t>> class_of;
+  // [section][grid point][unit][0 anchor | 1 delta]; section s from table_begin[s] (IndexTables).
   std::vector<rans::FreqTable> tables;
+  std::vector<size_t> table_begin;
   // Per section: the model's measured sensitivity, mean KL of its next-token
   // distributions per unit of squared section step (format version 2); empty
   // when not measured. Rate control then sets step_i ∝ 1/sqrt(w_i).
@@ -39,8 +47,24 @@ struct ProfileData {
   static constexpr int32_t kGridPerOctave = 4;
   uint32_t channels() const { return kv_heads * head_dim; }
   bool HasTransform(uint32_t section) const { return section < transform.size() && !transform[section].empty(); }
-  const rans::FreqTable& Table(uint32_t section, uint32_t g, uint32_t head, uint32_t kind) const {
-    return tables[((size_t{section} * grid_points + g) * kv_heads + head) * 2 + kind];
+  bool HasClasses(uint32_t section) const { return section < classes.size() && classes[section] > 0; }
+  uint32_t TableUnits(uint32_t section) const { return HasClasses(section) ? classes[section] : kv_heads; }
+  // Sets table_begin from the sections' units; returns the table count.
+  size_t IndexTables() {
+    table_begin.resize(size_t{layers} * 2);
+    size_t n = 0;
+    for (uint32_t s = 0; s < layers * 2; ++s) {
+      table_begin[s] = n;
+      n += size_t{grid_points} * TableUnits(s) * 2;
+    }
+    return n;
+  }
+  const rans::FreqTable& Table(uint32_t section, uint32_t g, uint32_t unit, uint32_t kind) const {
+    return tables[table_begin[section] + (size_t{g} * TableUnits(section) + unit) * 2 + kind];
+  }
+  // The table channel c's symbols of stream kind `kind` are coded with.
+  const rans::FreqTable& ChannelTable(uint32_t section, uint32_t g, uint32_t kind, uint32_t c) const {
+    return Table(section, g, HasClasses(section) ? class_of[section][size_t{kind} * channels() + c] : c / head_dim, kind);
   }
   // Per-section step multipliers from the sensitivities (StepFactors below);
   // empty without sensitivities.

@@ -73,6 +73,22 @@ struct StreamCounts {
   uint32_t deltas = 0;   // tokens coded against their group's anchor
 };
 
+// The profile tables a head's stream of `kind` is coded with at grid point
+// g: one per channel (its class's) where the section has channel classes,
+// else the head's table alone. Valid until the calling thread's next call.
+const std::vector<const rans::FreqTable*>& StreamTables(const internal::ProfileData& prof, uint32_t section, int g,
+                                                        uint32_t head, uint32_t kind) {
+  thread_local std::vector<const rans::FreqTable*> cycle;
+  const uint32_t D = prof.head_dim;
+  cycle.clear();
+  if (!prof.HasClasses(section)) {
+    cycle.push_back(&prof.Table(section, g, head, kind));
+    return cycle;
+  }
+  for (uint32_t d = 0; d < D; ++d) cycle.push_back(&prof.ChannelTable(section, g, kind, head * D + d));
+  return cycle;
+}
+
 StreamCounts CountStreams(const SectionLayout& l, bool use_delta) {
   const uint32_t tq = l.quantized_tokens();
   if (!use_delta) return {tq, 0};
@@ -99,6 +115,8 @@ void ChannelCodes(double mean, double var, uint8_t* sigma_code, int32_t* mean_co
   const float unit = SigmaFromCode(*sigma_code) / kMeanUnitsPerSigma;
   *mean_code = static_cast<int32_t>(std::clamp(std::nearbyint(mean / unit), -kMaxAbsSymbol, kMaxAbsSymbol));
 }
+
+float MeanFromCode(int32_t mean_code, float sigma) { return static_cast<float>(mean_code) * (sigma / kMeanUnitsPerSigma); }
 
 void Codebook::Levels(uint32_t group, uint32_t kind, float* y) const {
   const int8_t* o = &offsets[(size_t{group} * kinds + kind) * 2 * levels];
@@ -162,9 +180,9 @@ void SectionAnalysis::QuantizeRowLloyd(const Codebook& cb, const float* row, con
   uint32_t y_group = ~0u;
   auto level = [&](int32_t qq) { return uint32_t(std::abs(qq)) <= M ? y[ZigZag(qq)] : static_cast<float>(qq); };
   for (uint32_t h = 0; h < H; ++h) {
-    const float* cost = &cb.cost[(size_t{h} * cb.kinds + kind) * (2 * M + 3)];
     for (uint32_t d = 0; d < D; ++d) {
       const uint32_t c = h * D + d;
+      const float* cost = cb.Cost(kind, c, h, H * D);
       const uint32_t group = c / cb.group_channels;
       if (group != y_group) cb.Levels(y_group = group, kind, y.data());
       const float r = row[c] - pred[c];
@@ -229,8 +247,12 @@ Codebook SectionAnalysis::Learn(float step, bool use_delta, uint32_t sample_ever
         const double off = st.sum[i] / double(st.count[i]) - UnZigZag(u);
         c.offsets[gk * 2 * M + u - 1] = static_cast<int8_t>(std::clamp(std::nearbyint(off * 128), -128.0, 127.0));
       }
-    c.cost.assign(size_t{H} * c.kinds * (2 * M + 3), 0);
-    for (uint32_t h = 0; h < H; ++h)
+    // Per head, or per channel class where the profile's tables are per class.
+    const bool classes = grid >= 0 && prof->HasClasses(layout_.section);
+    const uint32_t units = grid >= 0 ? prof->TableUnits(layout_.section) : H;
+    c.cost.assign(size_t{units} * c.kinds * (2 * M + 3), 0);
+    if (classes) c.cost_unit = prof->class_of[layout_.section];
+    for (uint32_t h = 0; h < units; ++h)
       for (uint32_t k = 0; k < c.kinds; ++k) {
         float* cost = &c.cost[(size_t{h} * c.kinds + k) * (2 * M + 3)];
         if (grid >= 0) {
@@ -392,7 +414,7 @@ SectionAnalysis::SectionAnalysis(const SectionLayout& layout, std::span<const fl
     mean_code_ = layout.profile->mean_code[layout.section];
     for (uint32_t c = 0; c < C; ++c) {
       sigma_[c] = SigmaFromCode(sigma_code_[c]);
-      mean_[c] = static_cast<float>(mean_code_[c]) * (sigma_[c] / kMeanUnitsPerSigma);
+      mean_[c] = MeanFromCode(mean_code_[c], sigma_[c]);
       mean_sigma_sq_ += double(sigma_[c]) * sigma_[c] / C;
     }
     side_info_bytes_ = 1 + 4;
@@ -403,7 +425,7 @@ SectionAnalysis::SectionAnalysis(const SectionLayout& layout, std::span<const fl
     const double mu = sum[c] / n;
     ChannelCodes(mu, sum_sq[c] / n - mu * mu, &sigma_code_[c], &mean_code_[c]);
     sigma_[c] = SigmaFromCode(sigma_code_[c]);
-    mean_[c] = static_cast<float>(mean_code_[c]) * (sigma_[c] / kMeanUnitsPerSigma);
+    mean_[c] = MeanFromCode(mean_code_[c], sigma_[c]);
     mean_sigma_sq_ += double(sigma_[c]) * sigma_[c] / C;
   }
   side_info_bytes_ = SideInfoBytes(mean_code_, C);
@@ -514,9 +536,8 @@ void SectionAnalysis::QuantizeStreams(float step, bool use_delta, uint32_t sampl
     if ((s & 1) && !use_delta) continue;
     const std::span<const uint32_t> sym(q->symbols.get() + q->begin[s], q->begin[s + 1] - q->begin[s]);
     if (g >= 0) {
-      stream_bytes += static_cast<double>(
-          rans::EstimateStreamBytesWithTable(sym, layout_.profile->Table(layout_.section, g, s / 2, s & 1), scale,
-                                             kTableFormOptions));
+      const std::vector<const rans::FreqTable*>& cycle = StreamTables(*layout_.profile, layout_.section, g, s / 2, s & 1);
+      stream_bytes += static_cast<double>(rans::EstimateStreamBytesWithTables(sym, cycle, scale, kTableFormOptions));
       continue;
     }
     rans::SymbolCounts& counts = q->counts[s];
@@ -585,7 +606,8 @@ void SectionAnalysis::Encode(const QuantizedSection& q, std::vector<uint8_t>* ou
   auto stream = [&](uint32_t h, uint32_t kind) {
     const size_t s = 2 * h + kind;
     const std::span<const uint32_t> sym(q.symbols.get() + q.begin[s], q.begin[s + 1] - q.begin[s]);
-    if (g >= 0) return rans::EncodeStreamWithTable(sym, prof->Table(layout_.section, g, h, kind), w, kTableFormOptions);
+    if (g >= 0)
+      return rans::EncodeStreamWithTables(sym, StreamTables(*prof, layout_.section, g, h, kind), w, kTableFormOptions);
     return q.counts.size() > s ? rans::EncodeStream(sym, q.counts[s], w) : rans::EncodeStream(sym, w);
   };
   for (uint32_t h = 0; h < H; ++h) {
@@ -596,13 +618,19 @@ void SectionAnalysis::Encode(const QuantizedSection& q, std::vector<uint8_t>* ou
 }
 
 void SectionAnalysis::Histograms(float step, bool use_delta, size_t bins, std::vector<uint64_t>* hist,
-                                 uint32_t sample_every) const {
+                                 uint32_t sample_every, bool per_channel) const {
   QuantizedSection q;
   FillStreams(step, use_delta, sample_every, &q);
-  hist->assign(size_t{layout_.kv_heads} * 2 * bins, 0);
-  for (size_t s = 0; s + 1 < q.begin.size(); ++s)
-    rans::CountSymbols({q.symbols.get() + q.begin[s], q.begin[s + 1] - q.begin[s]},
-                       {hist->data() + s * bins, bins});
+  const uint32_t D = per_channel ? layout_.head_dim : 1;
+  hist->assign(size_t{layout_.kv_heads} * 2 * D * bins, 0);
+  for (size_t s = 0; s + 1 < q.begin.size(); ++s) {
+    if (!per_channel) {
+      rans::CountSymbols({q.symbols.get() + q.begin[s], q.begin[s + 1] - q.begin[s]}, {hist->data() + s * bins, bins});
+      continue;
+    }
+    for (size_t i = q.begin[s], d = 0; i < q.begin[s + 1]; ++i, d = d + 1 == D ? 0 : d + 1)
+      ++(*hist)[(s * D + d) * bins + std::min<size_t>(q.symbols[i], bins - 1)];
+  }
 }
 
 namespace {
@@ -726,6 +754,8 @@ struct DecodeScratch {
   std::vector<uint32_t> symbols;
   std::vector<float> sigma, mean, st, st_recent, anchor, row, transformed, levels;
   std::vector<std::vector<uint8_t>> spliced;  // table-form streams rebuilt with their profile table
+  std::vector<rans::DecodeTable> class_tables;  // [class][kind] of a section with channel classes
+  std::vector<const rans::DecodeTable*> cycle;
 };
 
 // Parses the next stream of a section. Table-form streams (mode 3) are
@@ -804,7 +834,7 @@ Status ParseSectionHeader(const SectionLayout& l, ByteReader& r, SectionHeader* 
     const auto& mc_codes = prof->mean_code[l.section];
     for (uint32_t c = 0; c < C; ++c) {
       sigma[c] = sigma_table[sc_codes[c]];
-      mean[c] = static_cast<float>(mc_codes[c]) * (sigma[c] / kMeanUnitsPerSigma);
+      mean[c] = MeanFromCode(mc_codes[c], sigma[c]);
     }
   } else {
     auto sigma_codes = r.Bytes(C);
@@ -813,7 +843,7 @@ Status ParseSectionHeader(const SectionLayout& l, ByteReader& r, SectionHeader* 
       sigma[c] = sigma_table[sigma_codes[c]];
       const uint64_t z = r.Varint();
       if (!r.ok() || z > (uint64_t{1} << 31)) return Status::Corrupt("cachegen section: invalid channel mean");
-      mean[c] = static_cast<float>(UnZigZag(static_cast<uint32_t>(z))) * (sigma[c] / kMeanUnitsPerSigma);
+      mean[c] = MeanFromCode(UnZigZag(static_cast<uint32_t>(z)), sigma[c]);
     }
   }
   return Status::Ok();
@@ -869,9 +899,28 @@ Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> pa
       !levels && !l.rotate && !l.transform && !sink.rope && sink.view.dtype() == DType::kF16 && sink.view.strides().dim == 1 && simd::Avx2();
 #endif
 
+  // A profile section with channel classes: its streams are decoded one by
+  // one with their channels' tables (rans::DecodeStreamWithTables), built
+  // here once for all heads.
+  const bool class_tables = grid >= 0 && prof->HasClasses(l.section);
+  if (class_tables) {
+    const uint32_t units = prof->TableUnits(l.section);
+    if (sc.class_tables.size() < size_t{units} * 2) sc.class_tables.resize(size_t{units} * 2);
+    for (uint32_t u = 0; u < units; ++u)
+      for (uint32_t kind = 0; kind < per_head; ++kind)
+        rans::BuildDecodeTable(prof->Table(l.section, grid, u, kind), &sc.class_tables[size_t{u} * 2 + kind]);
+    sc.cycle.resize(D);
+  }
+  auto decode_with_classes = [&](uint32_t head, uint32_t kind, std::span<uint32_t> out) {
+    for (uint32_t d = 0; d < D; ++d)
+      sc.cycle[d] = &sc.class_tables[size_t{prof->class_of[l.section][size_t{kind} * C + head * D + d]} * 2 + kind];
+    return rans::DecodeStreamWithTables(r, sc.cycle, out);
+  };
+
   // The fused path knows the flags above; a section with any other (a later
   // addition to the format) stays with the generic path.
-  const bool fused = (hdr.flags & ~(kSectionDelta | kSectionProfileStats | kSectionProfileTables)) == 0 &&
+  const bool fused = !class_tables &&
+                     (hdr.flags & ~(kSectionDelta | kSectionProfileStats | kSectionProfileTables)) == 0 &&
                      internal::FusedApplies(l, sink, use_delta);
   const internal::FusedSection fs{&l, &sink, use_delta, mean, st, st_recent};
 
@@ -902,8 +951,17 @@ Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> pa
       // decodes the same bytes again and has the last word.
       r = batch_start;
     }
-    CG_RETURN_IF_ERROR(parse(rans::TableForm::kSymbols));
-    CG_RETURN_IF_ERROR(rans::DecodeParsed(std::span(ps, size_t{hn} * per_head), std::span(po, size_t{hn} * per_head)));
+    if (class_tables) {
+      for (uint32_t h = 0; h < hn; ++h) {
+        uint32_t* base = symbols + size_t{h} * (na + nd);
+        CG_RETURN_IF_ERROR(decode_with_classes(h0 + h, 0, {base, na}));
+        if (use_delta) CG_RETURN_IF_ERROR(decode_with_classes(h0 + h, 1, {base + na, nd}));
+      }
+    } else {
+      CG_RETURN_IF_ERROR(parse(rans::TableForm::kSymbols));
+      CG_RETURN_IF_ERROR(
+          rans::DecodeParsed(std::span(ps, size_t{hn} * per_head), std::span(po, size_t{hn} * per_head)));
+    }
 
     // Reconstruct exactly as the encoder's Quantize() did, head by head.
     for (uint32_t h = 0; h < hn; ++h) {

@@ -33,6 +33,8 @@ constexpr uint32_t kCacheGenDefaultGroupTokens = 2;
 
 // The stored codes of one channel's scale and mean (FORMAT.md "Section payload").
 void ChannelCodes(double mean, double var, uint8_t* sigma_code, int32_t* mean_code);
+// The mean a mean code stands for, given the channel's dequantized scale.
+float MeanFromCode(int32_t mean_code, float sigma);
 
 struct SectionLayout {
   uint32_t tokens = 0;
@@ -69,8 +71,15 @@ struct Codebook {
   uint32_t group_channels = 1;  // consecutive channels sharing one codebook
   uint32_t kinds = 1;           // 1: anchor streams only; 2: anchor and delta
   std::vector<int8_t> offsets;  // [group][kind][u - 1], u = 1..2M
-  // Encoder only: lambda * bits of symbol u per [head][kind][u], u < 2M + 3.
+  // Encoder only: lambda * bits of symbol u per [unit][kind][u], u < 2M + 3,
+  // where a channel's unit is its head, or with cost_unit ([kind][channel],
+  // 2 * C entries) its class's (a profile section with channel classes).
   std::vector<float> cost;
+  std::vector<uint8_t> cost_unit;
+  const float* Cost(uint32_t kind, uint32_t channel, uint32_t head, uint32_t channels) const {
+    const uint32_t unit = cost_unit.empty() ? head : cost_unit[size_t{kind} * channels + channel];
+    return &cost[(size_t{unit} * kinds + kind) * (2 * levels + 3)];
+  }
   uint32_t groups(uint32_t channels) const { return (channels + group_channels - 1) / group_channels; }
   size_t bytes(uint32_t channels) const;  // as stored
   // Reconstruction levels y[u], u = 0..2M, of (group, kind), in units of the step.
@@ -125,9 +134,10 @@ class SectionAnalysis {
 
   // Symbol counts per (head, anchor|delta stream) at `step`: hist[(h * 2 +
   // kind) * bins + min(symbol, bins - 1)], over one token group in
-  // `sample_every` (size estimates, profile training).
-  void Histograms(float step, bool use_delta, size_t bins, std::vector<uint64_t>* hist,
-                  uint32_t sample_every = 1) const;
+  // `sample_every` (size estimates, profile training). per_channel: per
+  // channel of each stream, hist[((h * 2 + kind) * D + d) * bins + ...].
+  void Histograms(float step, bool use_delta, size_t bins, std::vector<uint64_t>* hist, uint32_t sample_every = 1,
+                  bool per_channel = false) const;
 
  private:
   struct LloydStats;
