@@ -97,6 +97,45 @@ BENCHMARK(BM_RansDecodeStreams)
     ->Args({8, 1024})
     ->Args({1, 1024});
 
+// Streams of a section with channel classes: 16 streams coded with a cycle
+// of 8 tables (rows of an 8-dim head, one table per channel), decoded one by
+// one (rans::DecodeStreamWithTables: scalar, a table per symbol), against
+// BM_RansDecodeStreams' one-table streams. Args: lanes, symbols per stream.
+void BM_RansDecodeTableCycle(benchmark::State& state) {
+  constexpr size_t kStreams = 16, kPeriod = 8;
+  const auto lanes = static_cast<uint32_t>(state.range(0));
+  const auto kN = static_cast<size_t>(state.range(1));
+  const auto syms = GeometricSymbols(kStreams * kN);
+  std::vector<uint64_t> hist(64, 0);
+  for (uint32_t x : syms) ++hist[std::min<uint32_t>(x, 63)];
+  // Distinct table objects (equal contents), so the cycle path is taken.
+  std::vector<cachegen::rans::FreqTable> tables(kPeriod, cachegen::rans::MakeFreqTable(hist));
+  std::vector<cachegen::rans::DecodeTable> decode(kPeriod);
+  std::vector<const cachegen::rans::FreqTable*> cycle;
+  std::vector<const cachegen::rans::DecodeTable*> decode_cycle;
+  for (size_t p = 0; p < kPeriod; ++p) {
+    cachegen::rans::BuildDecodeTable(tables[p], &decode[p]);
+    cycle.push_back(&tables[p]);
+    decode_cycle.push_back(&decode[p]);
+  }
+  std::vector<uint8_t> buf;
+  cachegen::ByteWriter w(&buf);
+  const cachegen::rans::EncodeOptions options{.lanes = lanes};
+  for (size_t k = 0; k < kStreams; ++k)
+    cachegen::rans::EncodeStreamWithTables(std::span<const uint32_t>(&syms[k * kN], kN), cycle, w, options);
+  std::vector<uint32_t> out(kStreams * kN);
+  for (auto _ : state) {
+    cachegen::ByteReader r(buf);
+    for (size_t k = 0; k < kStreams; ++k) {
+      auto st = cachegen::rans::DecodeStreamWithTables(r, decode_cycle, {&out[k * kN], kN});
+      if (!st.ok()) state.SkipWithError(st.message().c_str());
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * kStreams * kN));
+}
+BENCHMARK(BM_RansDecodeTableCycle)->ArgNames({"lanes", "n"})->Args({1, 2048})->Args({8, 2048})->Args({8, 16384});
+
 BENCHMARK(BM_RansEncode)->Unit(benchmark::kMillisecond);
 
 void BM_RansEstimate(benchmark::State& state) {
