@@ -483,6 +483,22 @@ TEST(Profile, ChannelClassesCodeKeysCloserAtEqualBits) {
   };
   const double mse_with = key_mse(out_with), mse_without = key_mse(out_without);
   EXPECT_LT(mse_with, mse_without) << mse_with << " vs " << mse_without;
+  // The learned quantizer's rate term reads the class tables too.
+  CodecConfig lloyd;
+  lloyd.quantizer = CodecConfig::Quantizer::kLloyd;
+  auto with_lloyd = Profile::Train(views, lloyd, o);
+  ASSERT_TRUE(with_lloyd.ok()) << with_lloyd.status().ToString();
+  ASSERT_TRUE((*with_lloyd)->data().HasClasses(0));
+  RegisterProfile(*with_lloyd);
+  CodecConfig cfg = lloyd;
+  cfg.bits_per_value = 2;
+  cfg.profile = *with_lloyd;
+  auto bytes = Encoder::Create(cfg)->Encode(held_out.view());
+  ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+  EXPECT_NEAR(double(bytes->size()) * 8 / double(held_out.shape().values()), 2, 0.16);
+  auto out_lloyd = Decoder::Open(*bytes)->Decode(DType::kF32);
+  ASSERT_TRUE(out_lloyd.ok()) << out_lloyd.status().ToString();
+  EXPECT_LT(key_mse(*out_lloyd), 1.5 * mse_with) << key_mse(*out_lloyd) << " vs " << mse_with;
 
   ExpectHostileRejected(good);
   // Section 0's class count follows its scale codes and mean varints.

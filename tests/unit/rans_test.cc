@@ -296,7 +296,9 @@ TEST(Rans, TableCyclesRoundTrip) {
       std::vector<const DecodeTable*> shifted(t.decode_cycle.begin() + 1, t.decode_cycle.end());
       shifted.push_back(t.decode_cycle[0]);
       ByteReader r2(buf);
-      if (DecodeStreamWithTables(r2, shifted, out).ok() && n > 1) EXPECT_NE(out, v);
+      if (DecodeStreamWithTables(r2, shifted, out).ok() && n > 1) {
+        EXPECT_NE(out, v);
+      }
     }
   }
   // One table, or one table repeated: the bytes of EncodeStreamWithTable.
@@ -346,7 +348,9 @@ TEST(Rans, TableCycleCorruptionNeverCrashes) {
         bad[i] ^= mask;
         ByteReader r(bad);
         const Status st = DecodeStreamWithTables(r, t.decode_cycle, out);
-        if (!st.ok()) EXPECT_EQ(st.code(), StatusCode::kCorrupt) << st.ToString();
+        if (!st.ok()) {
+          EXPECT_EQ(st.code(), StatusCode::kCorrupt) << st.ToString();
+        }
       }
     for (size_t len = 0; len < good.size(); ++len) {
       std::vector<uint8_t> cut(good.begin(), good.begin() + len);
