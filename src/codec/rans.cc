@@ -1357,6 +1357,34 @@ Status DecodeParsed(std::span<ParsedStream* const> streams, std::span<uint32_t* 
   return one_lane.Flush();
 }
 
+namespace {
+
+#if defined(__x86_64__)
+// The whole rounds of an 8-lane stream coded with a table cycle whose period
+// is a multiple of 8 (symbol 8r + j, on lane j, with cycle[(8r + j) %
+// period], so a round's tables are 8 consecutive cycle entries), while each
+// round's 8-word read stays inside the payload. Escapes stay escape symbols.
+// Returns the symbols decoded (a multiple of 8); *pos advances past the words used.
+__attribute__((target("avx2,bmi2"))) size_t DecodeCycleRounds8Avx2(uint32_t* state,
+                                                                  std::span<const DecodeTable* const> cycle,
+                                                                  const uint8_t* body, size_t nwords, size_t* pos,
+                                                                  uint32_t* out, size_t n) {
+  __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(state));
+  const __m256i sym_mask = _mm256_set1_epi32(0xff);
+  size_t i = 0, p = 0, w = *pos;
+  for (; n - i >= 8 && nwords - w >= 8; i += 8) {
+    const __m256i e = avx2::Round8Tables(x, cycle.data() + p, body, w);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_and_si256(e, sym_mask));
+    p = p + 8 == cycle.size() ? 0 : p + 8;
+  }
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(state), x);
+  *pos = w;
+  return i;
+}
+#endif
+
+}  // namespace
+
 void BuildDecodeTable(const FreqTable& table, DecodeTable* out) {
   BuildTable(table.freq.data(), table.escape, out->entry, TableForm::kSymbols);
   out->escape = table.escape;
@@ -1374,16 +1402,29 @@ Status DecodeStreamWithTables(ByteReader& in, std::span<const DecodeTable* const
   in = peek;
   StreamHeader h;
   CG_RETURN_IF_ERROR(ParseLanesAndAreas(in, n, &h));
-  // Scalar, one symbol at a time: each may use another table and escape
-  // threshold, and escapes are read as they are decoded (in symbol order).
-  // Streams of this form come from small models' profile frames.
+  // One symbol at a time: each may use another table and escape threshold,
+  // and escapes are read as they are decoded (in symbol order).
   uint32_t x[kMaxLanes];
   for (uint32_t j = 0; j < h.lanes; ++j) x[j] = Load16(h.payload.data() + 4 * j) | (Load16(h.payload.data() + 4 * j + 2) << 16);
   const uint8_t* body = h.payload.data() + 4 * h.lanes;
   const size_t nwords = h.payload.size() / 2 - 2 * h.lanes;
   ByteReader er(h.esc);
-  size_t pos = 0;
-  for (size_t i = 0, j = 0, p = 0; i < n; ++i, j = j + 1 == h.lanes ? 0 : j + 1, p = p + 1 == period ? 0 : p + 1) {
+  size_t pos = 0, done = 0;
+#if defined(__x86_64__)
+  // 8-lane streams of 8k-dim heads: whole rounds in AVX2 (per-lane tables),
+  // their escapes read after them, in symbol order.
+  if (h.lanes == 8 && period % 8 == 0 && simd::Avx2()) {
+    done = DecodeCycleRounds8Avx2(x, cycle, body, nwords, &pos, out.data(), n);
+    for (size_t i = 0, p = 0; i < done; ++i, p = p + 1 == period ? 0 : p + 1) {
+      if (out[i] != cycle[p]->escape) continue;
+      const uint64_t d = er.Varint();
+      if (!er.ok() || d > UINT32_MAX - out[i]) return Corrupt("escape area exhausted or out of range");
+      out[i] += static_cast<uint32_t>(d);
+    }
+  }
+#endif
+  for (size_t i = done, j = done % h.lanes, p = done % period; i < n;
+       ++i, j = j + 1 == h.lanes ? 0 : j + 1, p = p + 1 == period ? 0 : p + 1) {
     const DecodeTable& t = *cycle[p];
     uint32_t v = Step(x[j], t.entry);
     if (x[j] < kL) {

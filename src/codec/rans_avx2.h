@@ -32,22 +32,13 @@ constexpr WordShuffle MakeWordShuffle() {
 }
 inline constexpr WordShuffle kWordShuffle = MakeWordShuffle();
 
-// One round: decodes one symbol per lane of the states x (lane j of round r
-// is symbol 8r + j of the stream) and returns their table entries
-// (ParsedStream::table of form kSymbols, or with kValues of form
-// kZigZagValues), then renormalises from the 16-bit words at wp + 2 * pos,
+// The rest of a round once its table entries e are looked up: the state
+// update, then renormalisation from the 16-bit words at wp + 2 * pos,
 // advancing pos past the words used. Always reads the 8 words at pos,
 // whatever it uses.
 template <bool kValues = false>
-__attribute__((target("avx2,bmi2"), always_inline)) inline __m256i Round8(__m256i& x, const int* tbl,
-                                                                           const uint8_t* wp, size_t& pos) {
-  // Table lookups through a store and eight scalar loads: on the machines
-  // measured (AMD EPYC) this beat vpgatherdd (850 vs 700 M symbols/s in
-  // BM_RansDecodeStreams).
-  alignas(32) uint32_t sl[8];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(sl), _mm256_and_si256(x, _mm256_set1_epi32(kProbScale - 1)));
-  const __m256i e = _mm256_setr_epi32(tbl[sl[0]], tbl[sl[1]], tbl[sl[2]], tbl[sl[3]], tbl[sl[4]], tbl[sl[5]],
-                                      tbl[sl[6]], tbl[sl[7]]);
+__attribute__((target("avx2,bmi2"), always_inline)) inline void Advance8(__m256i& x, __m256i e, const uint8_t* wp,
+                                                                          size_t& pos) {
   const __m256i f12 = _mm256_set1_epi32(0xfff);
   const __m256i freq = _mm256_add_epi32(_mm256_and_si256(_mm256_srli_epi32(e, kValues ? 12 : 8), f12),
                                         _mm256_set1_epi32(1));
@@ -60,6 +51,38 @@ __attribute__((target("avx2,bmi2"), always_inline)) inline __m256i Round8(__m256
       _mm256_permutevar8x32_epi32(w, _mm256_load_si256(reinterpret_cast<const __m256i*>(kWordShuffle.idx[m])));
   x = _mm256_blendv_epi8(x, _mm256_or_si256(_mm256_slli_epi32(x, 16), wl), need);
   pos += static_cast<size_t>(__builtin_popcount(m));
+}
+
+// One round: decodes one symbol per lane of the states x (lane j of round r
+// is symbol 8r + j of the stream) and returns their table entries
+// (ParsedStream::table of form kSymbols, or with kValues of form
+// kZigZagValues), then renormalises (Advance8).
+template <bool kValues = false>
+__attribute__((target("avx2,bmi2"), always_inline)) inline __m256i Round8(__m256i& x, const int* tbl,
+                                                                           const uint8_t* wp, size_t& pos) {
+  // Table lookups through a store and eight scalar loads: on the machines
+  // measured (AMD EPYC) this beat vpgatherdd (850 vs 700 M symbols/s in
+  // BM_RansDecodeStreams).
+  alignas(32) uint32_t sl[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(sl), _mm256_and_si256(x, _mm256_set1_epi32(kProbScale - 1)));
+  const __m256i e = _mm256_setr_epi32(tbl[sl[0]], tbl[sl[1]], tbl[sl[2]], tbl[sl[3]], tbl[sl[4]], tbl[sl[5]],
+                                      tbl[sl[6]], tbl[sl[7]]);
+  Advance8<kValues>(x, e, wp, pos);
+  return e;
+}
+
+// Round8 with a table of form kSymbols per lane (tables[j] for lane j).
+__attribute__((target("avx2,bmi2"), always_inline)) inline __m256i Round8Tables(__m256i& x,
+                                                                                 const DecodeTable* const* tables,
+                                                                                 const uint8_t* wp, size_t& pos) {
+  alignas(32) uint32_t sl[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(sl), _mm256_and_si256(x, _mm256_set1_epi32(kProbScale - 1)));
+  const __m256i e = _mm256_setr_epi32(
+      static_cast<int>(tables[0]->entry[sl[0]]), static_cast<int>(tables[1]->entry[sl[1]]),
+      static_cast<int>(tables[2]->entry[sl[2]]), static_cast<int>(tables[3]->entry[sl[3]]),
+      static_cast<int>(tables[4]->entry[sl[4]]), static_cast<int>(tables[5]->entry[sl[5]]),
+      static_cast<int>(tables[6]->entry[sl[6]]), static_cast<int>(tables[7]->entry[sl[7]]));
+  Advance8<false>(x, e, wp, pos);
   return e;
 }
 
