@@ -98,9 +98,10 @@ BENCHMARK(BM_RansDecodeStreams)
     ->Args({1, 1024});
 
 // Streams of a section with channel classes: 16 streams coded with a cycle
-// of 8 tables (rows of an 8-dim head, one table per channel), decoded one by
-// one (rans::DecodeStreamWithTables: scalar, a table per symbol), against
-// BM_RansDecodeStreams' one-table streams. Args: lanes, symbols per stream.
+// of 8 tables (rows of an 8-dim head, one table per channel), decoded
+// together (rans::DecodeStreamsWithTables: lockstep groups with a table per
+// symbol), against BM_RansDecodeStreams' one-table streams. Args: lanes,
+// symbols per stream.
 void BM_RansDecodeTableCycle(benchmark::State& state) {
   constexpr size_t kStreams = 16, kPeriod = 8;
   const auto lanes = static_cast<uint32_t>(state.range(0));
@@ -124,12 +125,17 @@ void BM_RansDecodeTableCycle(benchmark::State& state) {
   for (size_t k = 0; k < kStreams; ++k)
     cachegen::rans::EncodeStreamWithTables(std::span<const uint32_t>(&syms[k * kN], kN), cycle, w, options);
   std::vector<uint32_t> out(kStreams * kN);
+  std::vector<cachegen::rans::TableStream> parsed(kStreams);
+  std::vector<cachegen::rans::TableStream*> ps;
+  for (auto& p : parsed) ps.push_back(&p);
   for (auto _ : state) {
     cachegen::ByteReader r(buf);
     for (size_t k = 0; k < kStreams; ++k) {
-      auto st = cachegen::rans::DecodeStreamWithTables(r, decode_cycle, {&out[k * kN], kN});
+      auto st = cachegen::rans::ParseStreamWithTables(r, decode_cycle, {&out[k * kN], kN}, &parsed[k]);
       if (!st.ok()) state.SkipWithError(st.message().c_str());
     }
+    auto st = cachegen::rans::DecodeStreamsWithTables(ps);
+    if (!st.ok()) state.SkipWithError(st.message().c_str());
     benchmark::DoNotOptimize(out.data());
   }
   state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * kStreams * kN));

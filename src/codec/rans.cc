@@ -227,6 +227,15 @@ inline uint32_t Step(uint32_t& x, const uint32_t* table) {
   return e & 0xff;
 }
 
+// The renormalising read without a branch: always loads the word at pos
+// (which must exist) and keeps it only when the state needs it.
+__attribute__((always_inline)) inline void RenormUnchecked(uint32_t& x, const uint8_t* wp, size_t& pos) {
+  const uint32_t w = Load16(wp + 2 * pos);
+  const uint32_t m = 0u - static_cast<uint32_t>(x < kL);
+  x = (x << (m & 16)) | (w & m);
+  pos += m & 1;
+}
+
 // Decodes n symbols with N lanes from `words` (nwords 16-bit words, states
 // already read). Returns false if the payload runs out or cannot be consumed
 // exactly. *used = words read.
@@ -254,10 +263,7 @@ bool DecodeLanes(uint32_t* state, const uint32_t* table, const uint8_t* words, s
         o[j] = Step(x[j], table);
         // Arithmetic select: compilers tend to turn a ?: here into a
         // (badly predicted) branch.
-        const uint32_t w = Load16(wp + 2 * pos);
-        const uint32_t m = 0u - static_cast<uint32_t>(x[j] < kL);
-        x[j] = (x[j] << (m & 16)) | (w & m);
-        pos += m & 1;
+        RenormUnchecked(x[j], wp, pos);
       }
     }
     return pos;
@@ -1208,10 +1214,7 @@ void DecodeGroupOneLane(ParsedStream* const* s, uint32_t* const* o, size_t* done
 #pragma GCC unroll 8
       for (int k = 0; k < K; ++k) {
         out[k][i] = Step(x[k], tbl[k]);
-        const uint32_t w = Load16(body[k] + 2 * pos[k]);
-        const uint32_t m = 0u - static_cast<uint32_t>(x[k] < kL);
-        x[k] = (x[k] << (m & 16)) | (w & m);
-        pos[k] += m & 1;
+        RenormUnchecked(x[k], body[k], pos[k]);
       }
     }
   }
@@ -1357,75 +1360,65 @@ Status DecodeParsed(std::span<ParsedStream* const> streams, std::span<uint32_t* 
   return one_lane.Flush();
 }
 
-namespace {
-
-#if defined(__x86_64__)
-// The whole rounds of an 8-lane stream coded with a table cycle whose period
-// is a multiple of 8 (symbol 8r + j, on lane j, with cycle[(8r + j) %
-// period], so a round's tables are 8 consecutive cycle entries), while each
-// round's 8-word read stays inside the payload. Escapes stay escape symbols.
-// Returns the symbols decoded (a multiple of 8); *pos advances past the words used.
-__attribute__((target("avx2,bmi2"))) size_t DecodeCycleRounds8Avx2(uint32_t* state,
-                                                                  std::span<const DecodeTable* const> cycle,
-                                                                  const uint8_t* body, size_t nwords, size_t* pos,
-                                                                  uint32_t* out, size_t n) {
-  __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(state));
-  const __m256i sym_mask = _mm256_set1_epi32(0xff);
-  size_t i = 0, p = 0, w = *pos;
-  for (; n - i >= 8 && nwords - w >= 8; i += 8) {
-    const __m256i e = avx2::Round8Tables(x, cycle.data() + p, body, w);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_and_si256(e, sym_mask));
-    p = p + 8 == cycle.size() ? 0 : p + 8;
-  }
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(state), x);
-  *pos = w;
-  return i;
-}
-#endif
-
-}  // namespace
-
 void BuildDecodeTable(const FreqTable& table, DecodeTable* out) {
   BuildTable(table.freq.data(), table.escape, out->entry, TableForm::kSymbols);
   out->escape = table.escape;
 }
 
-Status DecodeStreamWithTables(ByteReader& in, std::span<const DecodeTable* const> cycle, std::span<uint32_t> out) {
-  const size_t n = out.size(), period = cycle.size();
-  if (period == 0) return Status::Internal("rANS stream: empty table cycle");
+Status ParseStreamWithTables(ByteReader& in, std::span<const DecodeTable* const> cycle, std::span<uint32_t> out,
+                             TableStream* s) {
+  s->n = out.size();
+  s->out = out.data();
+  s->cycle = cycle;
+  if (cycle.empty()) return Status::Internal("rANS stream: empty table cycle");
   ByteReader peek = in;
   const uint8_t mode = peek.U8();
-  if (!peek.ok() || mode != kModeTable) {
-    if (peek.ok() && mode == kModeRans) return Corrupt("a table-form stream was expected");
-    return DecodeStream(in, out);  // modes 0 and 1 (and the errors of others)
-  }
-  in = peek;
+  if (peek.ok() && mode == kModeRans) return Corrupt("a table-form stream was expected");
   StreamHeader h;
-  CG_RETURN_IF_ERROR(ParseLanesAndAreas(in, n, &h));
-  // One symbol at a time: each may use another table and escape threshold,
-  // and escapes are read as they are decoded (in symbol order).
-  uint32_t x[kMaxLanes];
-  for (uint32_t j = 0; j < h.lanes; ++j) x[j] = Load16(h.payload.data() + 4 * j) | (Load16(h.payload.data() + 4 * j + 2) << 16);
-  const uint8_t* body = h.payload.data() + 4 * h.lanes;
-  const size_t nwords = h.payload.size() / 2 - 2 * h.lanes;
-  ByteReader er(h.esc);
-  size_t pos = 0, done = 0;
-#if defined(__x86_64__)
-  // 8-lane streams of 8k-dim heads: whole rounds in AVX2 (per-lane tables),
-  // their escapes read after them, in symbol order.
-  if (h.lanes == 8 && period % 8 == 0 && simd::Avx2()) {
-    done = DecodeCycleRounds8Avx2(x, cycle, body, nwords, &pos, out.data(), n);
-    for (size_t i = 0, p = 0; i < done; ++i, p = p + 1 == period ? 0 : p + 1) {
-      if (out[i] != cycle[p]->escape) continue;
-      const uint64_t d = er.Varint();
-      if (!er.ok() || d > UINT32_MAX - out[i]) return Corrupt("escape area exhausted or out of range");
-      out[i] += static_cast<uint32_t>(d);
-    }
+  if (!peek.ok() || mode != kModeTable) {
+    // Modes 0 and 1 (and the errors of every other).
+    CG_RETURN_IF_ERROR(ParseStreamHeader(in, s->n, &h));
+  } else {
+    in = peek;
+    h.mode = kModeTable;
+    CG_RETURN_IF_ERROR(ParseLanesAndAreas(in, s->n, &h));
   }
-#endif
-  for (size_t i = done, j = done % h.lanes, p = done % period; i < n;
-       ++i, j = j + 1 == h.lanes ? 0 : j + 1, p = p + 1 == period ? 0 : p + 1) {
-    const DecodeTable& t = *cycle[p];
+  s->mode = h.mode;
+  s->constant = h.constant;
+  s->lanes = h.lanes;
+  s->esc = h.esc;
+  s->payload = h.payload;
+  for (uint32_t j = 0; j < h.lanes; ++j)
+    s->state[j] = Load16(h.payload.data() + 4 * j) | (Load16(h.payload.data() + 4 * j + 2) << 16);
+  return Status::Ok();
+}
+
+namespace {
+
+const uint8_t* Body(const TableStream& s) { return s.payload.data() + 4 * s.lanes; }
+size_t BodyWords(const TableStream& s) { return s.payload.size() / 2 - 2 * s.lanes; }
+
+// Decodes a table-form stream's symbols [done, n) one at a time, from the
+// states in s.state and body word `pos` on, after reading the escapes of the
+// symbols [0, done) a group decoder left as escape symbols (escape values
+// are in symbol order); then the end checks. done is a multiple of the lanes.
+Status FinishTableStream(TableStream& s, size_t done, size_t pos) {
+  const size_t n = s.n, period = s.cycle.size(), nwords = BodyWords(s);
+  const uint8_t* body = Body(s);
+  uint32_t* out = s.out;
+  uint32_t* x = s.state;
+  ByteReader er(s.esc);
+  for (size_t i = 0, p = 0; i < done; ++i, p = p + 1 == period ? 0 : p + 1) {
+    if (out[i] != s.cycle[p]->escape) continue;
+    const uint64_t d = er.Varint();
+    if (!er.ok() || d > UINT32_MAX - out[i]) return Corrupt("escape area exhausted or out of range");
+    out[i] += static_cast<uint32_t>(d);
+  }
+  // One symbol at a time: each may use another table and escape threshold,
+  // and escapes are read as they are decoded.
+  for (size_t i = done, j = 0, p = done % period; i < n;
+       ++i, j = j + 1 == s.lanes ? 0 : j + 1, p = p + 1 == period ? 0 : p + 1) {
+    const DecodeTable& t = *s.cycle[p];
     uint32_t v = Step(x[j], t.entry);
     if (x[j] < kL) {
       if (pos >= nwords) return Corrupt("payload length does not match the coded symbols");
@@ -1439,10 +1432,184 @@ Status DecodeStreamWithTables(ByteReader& in, std::span<const DecodeTable* const
     out[i] = v;
   }
   if (pos != nwords) return Corrupt("payload has unread words after the last symbol");
-  for (uint32_t j = 0; j < h.lanes; ++j)
+  for (uint32_t j = 0; j < s.lanes; ++j)
     if (x[j] != kL) return Corrupt("final state of lane " + std::to_string(j) + " is not the initial value");
   if (er.remaining() != 0) return Corrupt("escape area has unread bytes");
   return Status::Ok();
+}
+
+// K one-lane table-form streams of equal length and period in lockstep
+// (DecodeGroupOneLane with a table per symbol): runs while every stream has
+// words left for a whole block, leaving escape symbols for FinishTableStream.
+template <int K>
+void CycleGroupOneLane(TableStream* const* s, size_t* done, size_t* words) {
+  constexpr size_t kBlockSymbols = 16;
+  uint32_t x[K];
+  size_t pos[K], nw[K];
+  const DecodeTable* const* cyc[K];
+  const uint8_t* body[K];
+  uint32_t* out[K];
+  const size_t n = s[0]->n, period = s[0]->cycle.size();
+  for (int k = 0; k < K; ++k) {
+    x[k] = s[k]->state[0];
+    pos[k] = 0;
+    nw[k] = BodyWords(*s[k]);
+    cyc[k] = s[k]->cycle.data();
+    body[k] = Body(*s[k]);
+    out[k] = s[k]->out;
+  }
+  size_t i = 0, p = 0;
+  for (;;) {
+    size_t count = n - i;
+    for (int k = 0; k < K; ++k) count = std::min(count, nw[k] - pos[k]);
+    if (count < kBlockSymbols) break;
+    for (const size_t end = i + count; i < end; ++i, p = p + 1 == period ? 0 : p + 1) {
+#pragma GCC unroll 4
+      for (int k = 0; k < K; ++k) {
+        out[k][i] = Step(x[k], cyc[k][p]->entry);
+        RenormUnchecked(x[k], body[k], pos[k]);
+      }
+    }
+  }
+  for (int k = 0; k < K; ++k) {
+    s[k]->state[0] = x[k];
+    done[k] = i;
+    words[k] = pos[k];
+  }
+}
+
+#if defined(__x86_64__)
+// K 8-lane streams of equal length whose (equal) period is a multiple of 8
+// in lockstep, whole rounds in AVX2 with a table per lane (symbol 8r + j, on
+// lane j, uses cycle[(8r + j) % period], so a round's tables are 8
+// consecutive cycle entries), while every round's 8-word read stays inside
+// every payload. Escapes stay escape symbols.
+template <int K>
+__attribute__((target("avx2,bmi2"))) void CycleGroup8Avx2(TableStream* const* s, size_t* done, size_t* words) {
+  __m256i x[K];
+  size_t pos[K], nw[K];
+  const DecodeTable* const* cyc[K];
+  const uint8_t* body[K];
+  uint32_t* out[K];
+  const size_t n = s[0]->n, period = s[0]->cycle.size();
+  for (int k = 0; k < K; ++k) {
+    x[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s[k]->state));
+    pos[k] = 0;
+    nw[k] = BodyWords(*s[k]);
+    cyc[k] = s[k]->cycle.data();
+    body[k] = Body(*s[k]);
+    out[k] = s[k]->out;
+  }
+  const __m256i sym_mask = _mm256_set1_epi32(0xff);
+  size_t i = 0, p = 0;
+  for (;;) {
+    size_t rounds = (n - i) / 8;
+    for (int k = 0; k < K; ++k) rounds = std::min(rounds, (nw[k] - pos[k]) / 8);
+    if (rounds == 0) break;
+    for (size_t r = 0; r < rounds; ++r, i += 8, p = p + 8 == period ? 0 : p + 8) {
+#pragma GCC unroll 4
+      for (int k = 0; k < K; ++k) {
+        const __m256i e = avx2::Round8Tables(x[k], cyc[k] + p, body[k], pos[k]);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[k] + i), _mm256_and_si256(e, sym_mask));
+      }
+    }
+  }
+  for (int k = 0; k < K; ++k) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(s[k]->state), x[k]);
+    done[k] = i;
+    words[k] = pos[k];
+  }
+}
+#endif
+
+// Table-form streams of one shape (lanes, length, period) waiting to be
+// decoded in lockstep groups of 4, 2 and 1 by Group<K>, each finished alone.
+template <template <int> class Group>
+class PendingTableStreams {
+ public:
+  Status Add(TableStream* s) {
+    if (n_ > 0 && (s->n != s_[0]->n || s->cycle.size() != s_[0]->cycle.size())) CG_RETURN_IF_ERROR(Flush());
+    s_[n_++] = s;
+    return n_ == 4 ? Flush() : Status::Ok();
+  }
+  Status Flush() {
+    size_t off = 0;
+    CG_RETURN_IF_ERROR(Take<4>(&off));
+    CG_RETURN_IF_ERROR(Take<2>(&off));
+    CG_RETURN_IF_ERROR(Take<1>(&off));
+    n_ = 0;
+    return Status::Ok();
+  }
+
+ private:
+  template <int K>
+  Status Take(size_t* off) {
+    if (n_ - *off < K) return Status::Ok();
+    size_t done[K], words[K];
+    Group<K>::Decode(s_ + *off, done, words);
+    for (int k = 0; k < K; ++k) CG_RETURN_IF_ERROR(FinishTableStream(*s_[*off + k], done[k], words[k]));
+    *off += K;
+    return Status::Ok();
+  }
+
+  TableStream* s_[4];
+  size_t n_ = 0;
+};
+
+template <int K>
+struct OneLaneCycles {
+  static void Decode(TableStream* const* s, size_t* done, size_t* words) { CycleGroupOneLane<K>(s, done, words); }
+};
+#if defined(__x86_64__)
+template <int K>
+struct Avx2Cycles {
+  static void Decode(TableStream* const* s, size_t* done, size_t* words) { CycleGroup8Avx2<K>(s, done, words); }
+};
+#endif
+
+}  // namespace
+
+Status DecodeStreamsWithTables(std::span<TableStream* const> streams) {
+  // Streams of one length and period next to each other (a section's anchor
+  // and delta streams alternate), so they can share groups.
+  std::vector<TableStream*> order(streams.begin(), streams.end());
+  std::stable_sort(order.begin(), order.end(), [](const TableStream* a, const TableStream* b) {
+    return std::pair(a->n, a->cycle.size()) < std::pair(b->n, b->cycle.size());
+  });
+  PendingTableStreams<OneLaneCycles> one_lane;
+#if defined(__x86_64__)
+  PendingTableStreams<Avx2Cycles> lanes8;
+  const bool avx2 = simd::Avx2();
+#endif
+  for (TableStream* s : order) {
+    if (s->mode == kModeEmpty) continue;
+    if (s->mode == kModeConstant) {
+      std::fill(s->out, s->out + s->n, s->constant);
+      continue;
+    }
+#if defined(__x86_64__)
+    if (avx2 && s->lanes == 8 && s->cycle.size() % 8 == 0) {
+      CG_RETURN_IF_ERROR(lanes8.Add(s));
+      continue;
+    }
+#endif
+    if (s->lanes == 1) {
+      CG_RETURN_IF_ERROR(one_lane.Add(s));
+      continue;
+    }
+    CG_RETURN_IF_ERROR(FinishTableStream(*s, 0, 0));
+  }
+#if defined(__x86_64__)
+  CG_RETURN_IF_ERROR(lanes8.Flush());
+#endif
+  return one_lane.Flush();
+}
+
+Status DecodeStreamWithTables(ByteReader& in, std::span<const DecodeTable* const> cycle, std::span<uint32_t> out) {
+  TableStream s;
+  CG_RETURN_IF_ERROR(ParseStreamWithTables(in, cycle, out, &s));
+  TableStream* ps = &s;
+  return DecodeStreamsWithTables(std::span<TableStream* const>(&ps, 1));
 }
 
 Status DecodeStream(ByteReader& in, std::span<uint32_t> out) {

@@ -114,6 +114,25 @@ void BuildDecodeTable(const FreqTable& table, DecodeTable* out);
 // decode tables) into out (exactly out.size() symbols). Untrusted input, as
 // DecodeStream; a mode-2 stream (inline table) is kCorrupt here.
 Status DecodeStreamWithTables(ByteReader& in, std::span<const DecodeTable* const> cycle, std::span<uint32_t> out);
+// The same in two steps, so that a caller can decode several streams
+// together (one-lane streams and 8-lane streams of cycles of 8k tables in
+// lockstep groups, as DecodeParsed does). ParseStreamWithTables validates
+// the header of a stream of n symbols and keeps spans into `in`'s bytes and
+// the cycle (all of which must outlive the decode).
+struct TableStream {
+  size_t n = 0;
+  uint8_t mode = 0;  // kModeEmpty, kModeConstant or kModeTable
+  uint32_t constant = 0;
+  uint32_t lanes = 0;
+  uint32_t state[kMaxLanes];
+  std::span<const uint8_t> esc, payload;
+  std::span<const DecodeTable* const> cycle;
+  uint32_t* out = nullptr;
+};
+Status ParseStreamWithTables(ByteReader& in, std::span<const DecodeTable* const> cycle, std::span<uint32_t> out,
+                             TableStream* s);
+// Decodes each parsed stream into its out; the first failure is returned.
+Status DecodeStreamsWithTables(std::span<TableStream* const> streams);
 
 // Stream mode bytes (FORMAT.md "Symbol streams").
 constexpr uint8_t kModeEmpty = 0;     // no symbols; nothing follows

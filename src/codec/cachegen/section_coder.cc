@@ -57,15 +57,18 @@ inline int32_t QuantizeValue(float r, float inv_step) {
   return static_cast<int32_t>(v + std::copysign(0.5f, v));
 }
 
-// Streams in table form (frames with a model profile) carrying under 512
+// Streams in table form (frames with a model profile) carrying under 1024
 // bytes get one lane, the rest the default 8. Each lane ends with a 4-byte
 // state; on stories260K's small heads (8 dims: streams of a few hundred bytes)
-// one lane moved ΔPPL = 1 % from 1.96 to ≈ 1.84 bits/value (docs/EVAL.md).
+// one lane below 512 bytes moved ΔPPL = 1 % from 1.96 to ≈ 1.84 bits/value,
+// and 1024 (with channel classes, whose sensitive K sections take streams
+// beyond 512 bytes at 3 bits/value) moved mean KL = 1e-3 from ≈ 3.10 to ≈ 3.02
+// bits/value (docs/EVAL.md).
 // Frames without a profile keep 8 lanes everywhere: the CUDA decoder (which
 // takes no profiles) runs a stream's lanes on the threads of a warp, and one
 // lane made it 3-6x slower on short chunks (docs/GPU.md); the CPU's fused
 // path needs 8 lanes too.
-constexpr rans::EncodeOptions kTableFormOptions{.lanes = rans::kDefaultLanes, .single_lane_below_bytes = 512};
+constexpr rans::EncodeOptions kTableFormOptions{.lanes = rans::kDefaultLanes, .single_lane_below_bytes = 1024};
 
 // Streams of a section: per head an anchor stream, then (with deltas) a delta stream.
 struct StreamCounts {
@@ -755,7 +758,8 @@ struct DecodeScratch {
   std::vector<float> sigma, mean, st, st_recent, anchor, row, transformed, levels;
   std::vector<std::vector<uint8_t>> spliced;  // table-form streams rebuilt with their profile table
   std::vector<rans::DecodeTable> class_tables;  // [class][kind] of a section with channel classes
-  std::vector<const rans::DecodeTable*> cycle;
+  std::vector<const rans::DecodeTable*> cycles;  // a batch's streams' cycles, D entries each
+  std::vector<rans::TableStream> table_streams;
 };
 
 // Parses the next stream of a section. Table-form streams (mode 3) are
@@ -909,12 +913,15 @@ Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> pa
     for (uint32_t u = 0; u < units; ++u)
       for (uint32_t kind = 0; kind < per_head; ++kind)
         rans::BuildDecodeTable(prof->Table(l.section, grid, u, kind), &sc.class_tables[size_t{u} * 2 + kind]);
-    sc.cycle.resize(D);
+    sc.cycles.resize(size_t{kBatchStreams} * D);
+    sc.table_streams.resize(kBatchStreams);
   }
-  auto decode_with_classes = [&](uint32_t head, uint32_t kind, std::span<uint32_t> out) {
+  // Parses the next stream (head, kind) of a class section as the batch's k-th.
+  auto parse_with_classes = [&](uint32_t k, uint32_t head, uint32_t kind, std::span<uint32_t> out) {
+    const std::span<const rans::DecodeTable*> cycle(sc.cycles.data() + size_t{k} * D, D);
     for (uint32_t d = 0; d < D; ++d)
-      sc.cycle[d] = &sc.class_tables[size_t{prof->class_of[l.section][size_t{kind} * C + head * D + d]} * 2 + kind];
-    return rans::DecodeStreamWithTables(r, sc.cycle, out);
+      cycle[d] = &sc.class_tables[size_t{prof->class_of[l.section][size_t{kind} * C + head * D + d]} * 2 + kind];
+    return rans::ParseStreamWithTables(r, cycle, out, &sc.table_streams[k]);
   };
 
   // The fused path knows the flags above; a section with any other (a later
@@ -952,11 +959,15 @@ Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> pa
       r = batch_start;
     }
     if (class_tables) {
-      for (uint32_t h = 0; h < hn; ++h) {
+      rans::TableStream* ts[kBatchStreams];
+      for (uint32_t h = 0, k = 0; h < hn; ++h) {
         uint32_t* base = symbols + size_t{h} * (na + nd);
-        CG_RETURN_IF_ERROR(decode_with_classes(h0 + h, 0, {base, na}));
-        if (use_delta) CG_RETURN_IF_ERROR(decode_with_classes(h0 + h, 1, {base + na, nd}));
+        for (uint32_t kind = 0; kind < per_head; ++kind, ++k) {
+          ts[k] = &sc.table_streams[k];
+          CG_RETURN_IF_ERROR(parse_with_classes(k, h0 + h, kind, {base + (kind ? na : 0), kind ? nd : na}));
+        }
       }
+      CG_RETURN_IF_ERROR(rans::DecodeStreamsWithTables(std::span(ts, size_t{hn} * per_head)));
     } else {
       CG_RETURN_IF_ERROR(parse(rans::TableForm::kSymbols));
       CG_RETURN_IF_ERROR(
