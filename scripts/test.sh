@@ -168,13 +168,13 @@ print("eval json ok:", len(d["rows"]), "rows")' "$tmp/eval.json"
   grep -q 'key transforms learned, sensitivities measured, key channel weights from attention' "$tmp/profile.txt"
   build/cachegen eval --model "$tmp/tiny.gguf" --text "$tmp/stories.txt" --profile "$tmp/tiny.cgprof" --codecs cachegen \
     --bits 2 --windows 1 --context 64 --continuation 16 --greedy 4 --quiet --json >"$tmp/eval_profile.json"
-  python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); assert [r for r in d["rows"] if r["codec"] == "cachegen" and "profile" in r["setting"]], d["rows"]; print("profile train ok")' "$tmp/eval_profile.json"
-  # A profile trained for the learned quantizer: eval takes its quantizer when --quantizer is not given.
-  build/cachegen profile train --model "$tmp/tiny.gguf" --text "$tmp/stories.txt" -o "$tmp/tiny-lloyd.cgprof" \
-    --contexts 2 --context-tokens 64 --continuation 16 --quantizer lloyd >/dev/null 2>&1
-  build/cachegen eval --model "$tmp/tiny.gguf" --text "$tmp/stories.txt" --profile "$tmp/tiny-lloyd.cgprof" --codecs cachegen \
-    --bits 2 --windows 1 --context 64 --continuation 16 --greedy 4 --quiet --json >"$tmp/eval_lloyd.json"
-  python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); assert [r for r in d["rows"] if r["setting"].endswith("profile lloyd")], d["rows"]; print("profile quantizer ok")' "$tmp/eval_lloyd.json"
+  # Profiles are trained for the learned quantizer by default; eval takes a profile's quantizer when --quantizer is not given.
+  python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); assert [r for r in d["rows"] if r["codec"] == "cachegen" and r["setting"].endswith("profile lloyd")], d["rows"]; print("profile train ok")' "$tmp/eval_profile.json"
+  build/cachegen profile train --model "$tmp/tiny.gguf" --text "$tmp/stories.txt" -o "$tmp/tiny-uniform.cgprof" \
+    --contexts 2 --context-tokens 64 --continuation 16 --quantizer uniform >/dev/null 2>&1
+  build/cachegen eval --model "$tmp/tiny.gguf" --text "$tmp/stories.txt" --profile "$tmp/tiny-uniform.cgprof" --codecs cachegen \
+    --bits 2 --windows 1 --context 64 --continuation 16 --greedy 4 --quiet --json >"$tmp/eval_uniform.json"
+  python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); assert [r for r in d["rows"] if r["setting"].endswith("profile")], d["rows"]; print("profile quantizer ok")' "$tmp/eval_uniform.json"
   build/cachegen demo --windows 1 >"$tmp/demo.txt"
   grep -q '^    restored KV: ' "$tmp/demo.txt" && grep -q 'smaller than f16' "$tmp/demo.txt"
   echo "model demo ok"

@@ -66,7 +66,7 @@ void AddQuantizerOption(CLI::App* app, CodecConfig* config, bool* given) {
          "section, rate-constrained choice of levels)" +
              std::string(given ? "; default: the --profile's, else uniform" : ""))
       ->check(CLI::IsMember({"uniform", "lloyd"}))
-      ->default_str("uniform");
+      ->default_str(config->quantizer == CodecConfig::Quantizer::kLloyd ? "lloyd" : "uniform");
 }
 
 Result<std::shared_ptr<const Profile>> LoadProfileFile(const std::string& path) {
