@@ -1,4 +1,5 @@
 // Fuzzes the decoder with arbitrary bytes as a container and as a bare frame.
+// Frames may reference two model profiles registered at start-up.
 //
 // Checksums would stop almost every random mutation at the header, so a
 // custom mutator (1) now and then replaces the input with a freshly encoded
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "cachegen/codec.h"
+#include "cachegen/profile.h"
 #include "common/checksum.h"
 #include "format/container.h"
 #include "format/frame.h"
@@ -78,7 +80,42 @@ void ResealContainer(uint8_t* d, size_t size) {
   Store<uint64_t>(d, covered, Checksum64({d, covered}));
 }
 
-// A valid container (or one of its frames) from a small random shape.
+// Values whose channels differ in scale (so profiles learn channel classes).
+KVTensor RandomKV(const KVShape& shape, std::mt19937& rng) {
+  KVTensor t(shape, DType::kF32);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  auto* p = reinterpret_cast<float*>(t.data());
+  for (uint64_t i = 0; i < shape.values(); ++i) p[i] = n(rng) * (1 + float(i % shape.head_dim));
+  return t;
+}
+
+// Model profiles of one shape (key transforms and channel classes, one per
+// quantizer), registered so that frames referencing them decode: their
+// sections take the profile paths (table-form streams, class tables).
+struct FuzzProfiles {
+  KVShape shape{2, 2, 8, 48};
+  std::shared_ptr<const Profile> by_quantizer[2];
+  FuzzProfiles() {
+    std::mt19937 rng(7);
+    const KVTensor t = RandomKV(shape, rng);
+    const KVView view = t.view();
+    for (int q = 0; q < 2; ++q) {
+      CodecConfig cfg;
+      cfg.quantizer = q ? CodecConfig::Quantizer::kLloyd : CodecConfig::Quantizer::kUniform;
+      auto p = Profile::Train({&view, 1}, cfg);
+      if (!p.ok()) continue;
+      RegisterProfile(*p);
+      by_quantizer[q] = *p;
+    }
+  }
+};
+const FuzzProfiles& Profiles() {
+  static const FuzzProfiles p;
+  return p;
+}
+
+// A valid container (or one of its frames) from a small random shape, a
+// third of them with a model profile.
 std::vector<uint8_t> MakeValid(std::mt19937& rng) {
   const std::vector<std::string> names = CodecNames();
   CodecConfig cfg;
@@ -88,13 +125,17 @@ std::vector<uint8_t> MakeValid(std::mt19937& rng) {
   cfg.threads = 1;
   if (rng() % 2) cfg.quantizer = CodecConfig::Quantizer::kLloyd;  // cachegen: sections with codebooks
   const uint32_t dims[] = {1, 2, 4, 8, 16, 32};
-  const KVShape shape{1 + uint32_t(rng() % 3), 1 + uint32_t(rng() % 2), dims[rng() % 6], 1 + uint32_t(rng() % 48)};
+  KVShape shape{1 + uint32_t(rng() % 3), 1 + uint32_t(rng() % 2), dims[rng() % 6], 1 + uint32_t(rng() % 48)};
+  const FuzzProfiles& profiles = Profiles();
+  const int q = cfg.quantizer == CodecConfig::Quantizer::kLloyd ? 1 : 0;
+  if (rng() % 3 == 0 && profiles.by_quantizer[q]) {
+    cfg.codec = "cachegen";
+    cfg.profile = profiles.by_quantizer[q];
+    shape = profiles.shape;
+    shape.tokens = 1 + uint32_t(rng() % 48);
+  }
   const DType dtype = static_cast<DType>(rng() % 3);
-  KVTensor t(shape, DType::kF32);
-  std::normal_distribution<float> n(0.0f, 1.0f);
-  auto* p = reinterpret_cast<float*>(t.data());
-  for (uint64_t i = 0; i < shape.values(); ++i) p[i] = n(rng) * (1 + float(i % shape.head_dim));
-  const KVTensor src = t.Converted(dtype);
+  const KVTensor src = RandomKV(shape, rng).Converted(dtype);
   auto enc = Encoder::Create(cfg);
   if (!enc.ok()) return {};
   auto bytes = enc->Encode(src.view(), nullptr, rng() % 1000);
@@ -142,6 +183,7 @@ extern "C" size_t LLVMFuzzerCustomMutator(uint8_t* data, size_t size, size_t max
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  (void)Profiles();  // registered before any input references them
   const std::span<const uint8_t> bytes(data, size);
   if (auto dec = Decoder::Open(bytes); dec.ok()) {
     const ContainerInfo& info = dec->info();
