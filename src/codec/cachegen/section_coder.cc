@@ -903,9 +903,9 @@ Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> pa
       !levels && !l.rotate && !l.transform && !sink.rope && sink.view.dtype() == DType::kF16 && sink.view.strides().dim == 1 && simd::Avx2();
 #endif
 
-  // A profile section with channel classes: its streams are decoded one by
-  // one with their channels' tables (rans::DecodeStreamWithTables), built
-  // here once for all heads.
+  // A profile section with channel classes: each symbol is decoded with its
+  // channel's class table (rans::DecodeStreamsWithTables, the batch's streams
+  // in lockstep groups); the decode tables are built here once for all heads.
   const bool class_tables = grid >= 0 && prof->HasClasses(l.section);
   if (class_tables) {
     const uint32_t units = prof->TableUnits(l.section);
