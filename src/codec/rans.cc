@@ -495,7 +495,7 @@ __attribute__((target("avx2"))) size_t ByteSymbolsAvx2(const uint32_t* symbols, 
 }
 #endif
 
-// One table of the cycle WriteRans codes with: escape threshold and freq[0..e].
+// A table WriteRans codes with: escape threshold and freq[0..e].
 struct CodingTable {
   uint32_t e = 0;
   const uint32_t* freq = nullptr;
@@ -512,16 +512,25 @@ struct CycleTables {
       if (it == distinct.end()) distinct.push_back(cycle[p]);
     }
   }
+  std::vector<CodingTable> Coding() const {
+    std::vector<CodingTable> t;
+    for (const FreqTable* f : distinct) t.push_back({f->escape, f->freq.data()});
+    return t;
+  }
 };
 
-// Writes the rANS body of n >= 1 symbols, symbol i coded with cycle[i %
-// cycle.size()]: mode 2 with its (single) table inline, or mode 3 whose
-// tables the decoder knows. Returns the header bytes (mode byte on).
-size_t WriteRans(std::span<const uint32_t> symbols, std::span<const CodingTable> cycle, uint32_t lanes,
-                 uint64_t escape_bytes, bool inline_table, ByteWriter& out) {
+// Writes the rANS body of n >= 1 symbols, symbol i coded with
+// tables[which[i % which.size()]] (tables[0] for every symbol when which is
+// empty): mode 2 with its (single) table inline, or mode 3 whose tables the
+// decoder knows. Returns the header bytes (mode byte on).
+size_t WriteRans(std::span<const uint32_t> symbols, std::span<const CodingTable> tables,
+                 std::span<const uint32_t> which, uint32_t lanes, uint64_t escape_bytes, bool inline_table,
+                 ByteWriter& out) {
   const size_t n = symbols.size();
   const size_t start = out.size();
-  const size_t period = cycle.size();
+  const uint32_t only = 0;
+  if (which.empty()) which = {&only, 1};
+  const size_t period = which.size();
   // Symbols (values >= E as the escape symbol) and the escape area (forward order).
   std::unique_ptr<uint8_t[]> syms(new uint8_t[n]);
   std::vector<uint8_t> esc;
@@ -529,33 +538,23 @@ size_t WriteRans(std::span<const uint32_t> symbols, std::span<const CodingTable>
   ByteWriter ew(&esc);
   size_t done = 0;
 #if defined(__x86_64__)
-  if (period == 1 && simd::Avx2()) done = ByteSymbolsAvx2(symbols.data(), n, cycle[0].e, syms.get(), ew);
+  if (period == 1 && simd::Avx2()) done = ByteSymbolsAvx2(symbols.data(), n, tables[which[0]].e, syms.get(), ew);
 #endif
   for (size_t i = done, p = done % period; i < n; ++i, p = p + 1 == period ? 0 : p + 1) {
-    const uint32_t e = cycle[p].e;
+    const uint32_t e = tables[which[p]].e;
     syms[i] = static_cast<uint8_t>(std::min(symbols[i], e));
     if (symbols[i] >= e) ew.Varint(symbols[i] - e);
   }
 
-  // Encoder constants per distinct table; enc_of[p] for position p.
-  std::vector<std::array<EncSymbol, kMaxAlphabet>> encs;
+  // Encoder constants per table; enc_of[p] for position p.
+  std::vector<std::array<EncSymbol, kMaxAlphabet>> encs(tables.size());
+  for (size_t t = 0; t < tables.size(); ++t)
+    for (uint32_t v = 0, cum = 0; v <= tables[t].e; cum += tables[t].freq[v], ++v)
+      encs[t][v] = MakeEncSymbol(tables[t].freq[v], cum);
   std::vector<const EncSymbol*> enc_of(period);
-  std::vector<const uint32_t*> built;
-  encs.reserve(period);
-  for (size_t p = 0; p < period; ++p) {
-    const auto it = std::find(built.begin(), built.end(), cycle[p].freq);
-    if (it != built.end()) {
-      enc_of[p] = encs[it - built.begin()].data();
-      continue;
-    }
-    std::array<EncSymbol, kMaxAlphabet>& enc = encs.emplace_back();
-    for (uint32_t v = 0, cum = 0; v <= cycle[p].e; cum += cycle[p].freq[v], ++v)
-      enc[v] = MakeEncSymbol(cycle[p].freq[v], cum);
-    built.push_back(cycle[p].freq);
-    enc_of[p] = enc.data();
-  }
-  const uint32_t e = cycle[0].e;
-  const uint32_t* freq = cycle[0].freq;
+  for (size_t p = 0; p < period; ++p) enc_of[p] = encs[which[p]].data();
+  const uint32_t e = tables[which[0]].e;
+  const uint32_t* freq = tables[which[0]].freq;
 
   // Words are produced last to first; they are written from the end of a
   // buffer that fits the most a stream can emit (one per symbol plus the
@@ -801,7 +800,7 @@ size_t EncodeStream(std::span<const uint32_t> symbols, const SymbolCounts& count
   }
   const Plan p = MakePlan(st.s, options);
   const CodingTable table{p.escape, p.freq.data()};
-  return WriteRans(symbols, {&table, 1}, p.lanes, p.escape_bytes, /*inline_table=*/true, out);
+  return WriteRans(symbols, {&table, 1}, {}, p.lanes, p.escape_bytes, /*inline_table=*/true, out);
 }
 
 uint64_t EstimateStreamBytes(std::span<const uint32_t> symbols, double scale, const EncodeOptions& options) {
@@ -865,7 +864,7 @@ size_t EncodeStreamWithTable(std::span<const uint32_t> symbols, const FreqTable&
   }
   const uint32_t lanes = LanesFor(CodedBits(count.data(), table.freq.data(), e), n, options);
   const CodingTable t{table.escape, table.freq.data()};
-  return WriteRans(symbols, {&t, 1}, lanes, escape_bytes, /*inline_table=*/false, out);
+  return WriteRans(symbols, {&t, 1}, {}, lanes, escape_bytes, /*inline_table=*/false, out);
 }
 
 namespace {
@@ -914,9 +913,7 @@ size_t EncodeStreamWithTables(std::span<const uint32_t> symbols, std::span<const
     out.Varint(symbols[0]);
     return out.size() - start;
   }
-  std::vector<CodingTable> tables(cycle.size());
-  for (size_t p = 0; p < cycle.size(); ++p) tables[p] = {cycle[p]->escape, cycle[p]->freq.data()};
-  return WriteRans(symbols, tables, LanesFor(c.bits, symbols.size(), options), c.escape_bytes,
+  return WriteRans(symbols, ct.Coding(), ct.which, LanesFor(c.bits, symbols.size(), options), c.escape_bytes,
                    /*inline_table=*/false, out);
 }
 
