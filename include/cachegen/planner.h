@@ -46,7 +46,8 @@
 // deadline leaves even at the coarsest level (1 -> 0.1 Gbit/s after 40 % of
 // level 0's bytes). So while a fall of the link to 1/hedge_drop of its
 // estimate, now, would leave the deadline out of reach even at the coarsest
-// levels, the link is the slower stage (on a decode-bound transfer a backup
+// levels (after the bytes the fallen link carries before the client can
+// act on the fall, hedge_react_bytes), the link is the slower stage (on a decode-bound transfer a backup
 // costs mostly client CPU, which the model does not count), and the best
 // plan still leaves slack, the plan names chunks
 // (latest first) to fetch a backup for: their coarsest frame, requested
@@ -97,6 +98,12 @@ struct PlannerOptions {
   // Hedging insures against the link falling to 1/hedge_drop of its
   // estimate (<= 1: never hedge).
   double hedge_drop = 10;
+  // Bytes a fallen link carries before the client acts on the fall: the
+  // rate estimator needs one short window (256 KB) at the new rate to see
+  // it and one more to settle before requests in flight are re-issued
+  // (RateEstimator::settled). Requests in flight keep their fine frames
+  // meanwhile, so hedging counts these bytes as lost to the fall.
+  uint64_t hedge_react_bytes = 512u << 10;
 };
 
 // Spread of the link's goodput, measured over disjoint segments of the

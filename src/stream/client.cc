@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <memory>
 #include <deque>
+#include <system_error>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -29,9 +30,13 @@ struct Ticket {
   std::atomic<bool> cancel{false};    // abandon it (stores with progress only)
 };
 
+// A fetched frame, shared: a decode on the decoder thread reads it while
+// the client may let go of its copy (a backup whose planned frame came).
+using FrameBytes = std::shared_ptr<const std::vector<uint8_t>>;
+
 struct Done {
   std::shared_ptr<Ticket> ticket;
-  Result<std::vector<uint8_t>> frame = Status::Internal("not fetched");
+  Result<FrameBytes> frame = Status::Internal("not fetched");
   Clock::time_point finished;
 };
 
@@ -69,15 +74,25 @@ class Fetcher {
     cv_.notify_one();
     return t;
   }
-  // The earliest finished request not yet taken, waiting up to `wait_s`.
+  // The earliest finished request not yet taken, waiting up to `wait_s`
+  // (less after a Wake).
   std::optional<Done> Next(double wait_s) {
     std::unique_lock<std::mutex> lock(mu_);
     if (wait_s > 0)
-      done_cv_.wait_for(lock, std::chrono::duration<double>(wait_s), [this] { return !done_.empty(); });
+      done_cv_.wait_for(lock, std::chrono::duration<double>(wait_s), [this] { return !done_.empty() || woken_; });
+    woken_ = false;
     if (done_.empty()) return std::nullopt;
     Done r = std::move(done_.front());
     done_.pop_front();
     return r;
+  }
+  // Ends the current (or next) wait of Next: something else is ready.
+  void Wake() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      woken_ = true;
+    }
+    done_cv_.notify_one();
   }
   uint64_t received() const { return received_.load(); }
   // Seconds in [from, to] during which the link had work (requests issued
@@ -107,11 +122,11 @@ class Fetcher {
       }
       Done d;
       d.ticket = t;
+      Result<std::vector<uint8_t>> got = Status::IOError("cancelled");
       if (t->cancel) {
-        d.frame = Status::IOError("cancelled");
       } else if (progress_) {
         uint64_t seen = 0;
-        d.frame = progress_->GetWithProgress(keys_[t->chunk], t->level, [&](uint64_t received) {
+        got = progress_->GetWithProgress(keys_[t->chunk], t->level, [&](uint64_t received) {
           if (received < seen) seen = 0;  // the store retried on a new connection
           received_ += received - seen;
           seen = received;
@@ -119,12 +134,14 @@ class Fetcher {
           return !t->cancel.load();
         });
       } else {
-        d.frame = store_->Get(keys_[t->chunk], t->level);
-        if (d.frame.ok()) {
-          received_ += d.frame->size();
-          t->received = d.frame->size();
+        got = store_->Get(keys_[t->chunk], t->level);
+        if (got.ok()) {
+          received_ += got->size();
+          t->received = got->size();
         }
       }
+      if (got.ok()) d.frame = FrameBytes(std::make_shared<const std::vector<uint8_t>>(std::move(*got)));
+      else d.frame = got.status();
       {
         std::lock_guard<std::mutex> lock(mu_);
         d.finished = Clock::now();  // under the lock: done_ stays in finish order
@@ -151,10 +168,102 @@ class Fetcher {
   Clock::time_point last_finish_{};
   std::vector<std::pair<Clock::time_point, Clock::time_point>> idle_;
   bool stop_ = false;
+  bool woken_ = false;
   std::vector<std::thread> threads_;
 };
 
+// A frame decoded, waiting to be handed over in chunk order.
+struct DecodedChunk {
+  KVTensor kv;
+  uint32_t token_start = 0;
+  double decode_s = 0;
+};
+
+// One frame decoded on a thread of its own, so that the client's loop
+// (taking finished fetches, measuring, issuing requests) never waits for a
+// decode: a request issued one decode late leaves the link idle, and where
+// a decode's tensor is new memory its page faults can cost several decodes.
+// Wakes the fetcher's wait when done. The thread is joined by Take or by
+// the destructor.
+class DecodeJob {
+ public:
+  DecodeJob(uint32_t chunk, bool from_backup, FrameBytes frame, const FrameInfo& info, KVTensor kv,
+            uint32_t threads, Fetcher* wake)
+      : chunk_(chunk), from_backup_(from_backup), frame_(std::move(frame)), token_start_(info.token_start),
+        kv_(std::move(kv)), threads_(threads), wake_(wake) {
+    try {
+      thread_ = std::thread([this] { Work(); });
+    } catch (const std::system_error&) {
+      Work();  // no thread to be had: decode here
+    }
+  }
+  ~DecodeJob() {
+    if (thread_.joinable()) thread_.join();
+  }
+  DecodeJob(const DecodeJob&) = delete;
+  DecodeJob& operator=(const DecodeJob&) = delete;
+
+  uint32_t chunk() const { return chunk_; }
+  bool from_backup() const { return from_backup_; }
+  bool done() const { return done_.load(std::memory_order_acquire); }
+  Result<DecodedChunk> Take() {
+    if (thread_.joinable()) thread_.join();
+    return std::move(*result_);
+  }
+
+ private:
+  void Work() {
+    const Clock::time_point t0 = Clock::now();
+    Status st = DecodeFrame(*frame_, kv_.view(), threads_);
+    if (st.ok()) result_.emplace(DecodedChunk{std::move(kv_), token_start_, Seconds(t0, Clock::now())});
+    else result_.emplace(std::move(st));
+    done_.store(true, std::memory_order_release);
+    wake_->Wake();
+  }
+
+  const uint32_t chunk_;
+  const bool from_backup_;
+  const FrameBytes frame_;
+  const uint32_t token_start_;
+  KVTensor kv_;
+  const uint32_t threads_;
+  Fetcher* const wake_;
+  std::optional<Result<DecodedChunk>> result_;
+  std::atomic<bool> done_{false};
+  std::thread thread_;
+};
+
 }  // namespace
+
+// Tensors of handed-over chunks (and of early decodes not used), for the
+// next decodes (StreamClient's contract): memory already written, so its
+// pages need not fault in again.
+struct StreamClient::TensorPool {
+  KVTensor Take(const KVShape& shape, DType dtype) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      for (auto it = spare.begin(); it != spare.end(); ++it) {
+        if (it->shape() != shape || it->dtype() != dtype) continue;
+        KVTensor t = std::move(*it);
+        spare.erase(it);
+        return t;
+      }
+    }
+    return KVTensor::Unfilled(shape, dtype);  // DecodeFrame writes every byte
+  }
+  void Give(KVTensor&& t) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (spare.size() == kSpareTensors) spare.erase(spare.begin());  // the oldest: a shape seen less lately
+    spare.push_back(std::move(t));
+  }
+  std::mutex mu;
+  std::vector<KVTensor> spare;
+};
+
+StreamClient::StreamClient(ChunkStore* store) : store_(store), pool_(std::make_unique<TensorPool>()) {}
+StreamClient::~StreamClient() = default;
+StreamClient::StreamClient(StreamClient&&) noexcept = default;
+StreamClient& StreamClient::operator=(StreamClient&&) noexcept = default;
 
 Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::span<const uint32_t> chunk_tokens,
                                          const StreamOptions& options, const ChunkCallback& on_chunk) const {
@@ -248,10 +357,19 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
     }
     return v;
   };
+  auto take_tensor = [&](const KVShape& shape) { return pool_->Take(shape, options.dtype); };
+  auto give_back = [&](KVTensor&& t) { pool_->Give(std::move(t)); };
+  // Chunks decoded and not handed over yet, and whether from their backup.
+  struct Ahead {
+    bool from_backup = false;
+    Result<DecodedChunk> decoded;
+  };
+  std::vector<std::optional<Ahead>> ahead(n);
+  std::unique_ptr<DecodeJob> decoding;  // after `fetcher`: its thread wakes it
   auto pending_decode = [&] {  // fetched (or to come from a backup), not yet decoded
     double s = 0;
     for (uint32_t c = next_deliver; c < next_issue; ++c) {
-      if (skipped[c]) continue;
+      if (skipped[c] || (ahead[c] && ahead[c]->from_backup == (!ready[c] && use_backup[c]))) continue;
       if (ready[c]) s += planner.DecodeSeconds(c, issued_level[c]);
       else if (use_backup[c]) s += planner.DecodeSeconds(c, static_cast<int>(backup[c]->level));
     }
@@ -362,7 +480,7 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
         backup_failed[c] = true;
         return;
       }
-      result.bytes += d.frame->size();
+      result.bytes += (*d.frame)->size();
       if (ready[c] || next_deliver > c) return;  // not needed any more
       backup_ready[c] = std::move(d);
       return;
@@ -375,19 +493,89 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
       return;
     }
     if (d.frame.ok()) {
-      result.bytes += d.frame->size();
+      result.bytes += (*d.frame)->size();
       drop_backup(c);
       backup_ready[c].reset();
+      if (ahead[c] && ahead[c]->from_backup) {
+        if (ahead[c]->decoded.ok()) give_back(std::move(ahead[c]->decoded->kv));
+        ahead[c].reset();
+      }
     }
     ready[c] = std::move(d);
   };
-  // Decodes and hands over chunk next_deliver when it is there; false if not.
+  // The frame chunk c will be handed over from, if it is here and decodable:
+  // its planned frame, else its backup where that stands in for it, or may
+  // (`speculative`: the chunk not requested yet).
+  auto frame_to_decode = [&](uint32_t c, bool speculative) -> const Done* {
+    if (skipped[c]) return nullptr;
+    if (ready[c]) return ready[c]->frame.ok() ? &*ready[c] : nullptr;
+    if (backup_ready[c] && (use_backup[c] || (speculative && c >= next_issue)) && backup_ready[c]->frame.ok())
+      return &*backup_ready[c];
+    return nullptr;
+  };
+  auto decoded_as = [&](uint32_t c, const Done* d) {
+    return ahead[c] && ahead[c]->from_backup == (!ready[c] || d != &*ready[c]);
+  };
+  auto start_decode = [&](uint32_t c, const Done* d) {
+    const bool from_backup = !ready[c] || d != &*ready[c];
+    if (ahead[c]) {  // decoded from the other frame: not what is handed over
+      if (ahead[c]->decoded.ok()) give_back(std::move(ahead[c]->decoded->kv));
+      ahead[c].reset();
+    }
+    const FrameBytes& frame = *d->frame;
+    Result<FrameInfo> info = InspectFrame(*frame);
+    if (!info.ok()) {
+      ahead[c] = Ahead{from_backup, info.status()};
+      return;
+    }
+    decoding = std::make_unique<DecodeJob>(c, from_backup, frame, *info, take_tensor(info->shape),
+                                           options.decode_threads, &fetcher);
+  };
+  // With the decoder idle: decode chunk next_deliver once it is here, else
+  // the earliest later chunk whose frame is here and will be handed over (its
+  // planned frame, or its backup where that stands in for it or may), so that
+  // chunks arrived early (backups of the latest chunks, above all) are not
+  // all decoded after the last one to arrive. At most read_ahead decoded
+  // chunks wait.
+  auto decode_next = [&] {
+    if (decoding) return;
+    uint32_t waiting = 0;
+    for (uint32_t c = next_deliver; c < n; ++c) {
+      const Done* d = frame_to_decode(c, c > next_deliver);
+      if (d && decoded_as(c, d)) {
+        if (c > next_deliver && ++waiting >= options.read_ahead) return;
+        continue;
+      }
+      if (!d) continue;
+      start_decode(c, d);
+      if (decoding) return;
+    }
+  };
+  // Takes the finished decode, unless its chunk has since got the frame it
+  // was not decoded from (a backup's, when the planned frame came).
+  auto collect_decode = [&] {
+    if (!decoding || !decoding->done()) return;
+    const uint32_t c = decoding->chunk();
+    Ahead a{decoding->from_backup(), decoding->Take()};
+    decoding.reset();
+    if (a.from_backup && ready[c]) {
+      if (a.decoded.ok()) give_back(std::move(a.decoded->kv));
+      return;
+    }
+    ahead[c] = std::move(a);
+  };
+  // Hands over chunk next_deliver once it is decoded (or failed, or is to
+  // be recomputed); false if not yet.
   auto deliver_one = [&]() -> bool {
     if (next_deliver >= n || next_deliver >= next_issue) return false;
     const uint32_t c = next_deliver;
     const bool from_backup = !ready[c] && use_backup[c];
     if (!skipped[c] && !ready[c] && !(from_backup && (backup_ready[c] || backup_failed[c]))) return false;
+    const Done* here = frame_to_decode(c, false);
+    if (here && !decoded_as(c, here)) return false;  // decode_next decodes it
     const uint32_t i = next_deliver++;
+    std::optional<Ahead> decoded = std::move(ahead[i]);
+    ahead[i].reset();
     if (skipped[i]) return true;
     if (from_backup && !backup_ready[i]) {
       fail(i, "backup request failed");
@@ -402,44 +590,42 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
       fail(i, d.frame.status().ToString());
       return true;
     }
-    const Clock::time_point dec0 = Clock::now();
-    Result<FrameInfo> info = InspectFrame(*d.frame);
-    if (!info.ok()) {
-      fail(i, info.status().ToString());
+    if (!decoded->decoded.ok()) {
+      fail(i, decoded->decoded.status().ToString());
       return true;
     }
-    KVTensor kv(info->shape, options.dtype);
-    Status st = DecodeFrame(*d.frame, kv.view(), options.decode_threads);
-    if (!st.ok()) {
-      fail(i, st.ToString());
-      return true;
-    }
-    result.decode_ms += Seconds(dec0, Clock::now()) * 1000.0;
+    DecodedChunk& out = *decoded->decoded;
+    const Clock::time_point handed0 = Clock::now();
     StreamedChunk chunk;
     chunk.index = i;
     chunk.level = d.ticket->level;
-    chunk.token_start = info->token_start;
-    chunk.bytes = d.frame->size();
-    chunk.kv = &kv;
+    chunk.token_start = out.token_start;
+    chunk.bytes = (*d.frame)->size();
+    chunk.kv = &out.kv;
     if (on_chunk) on_chunk(chunk);
-    planner.OnProcessed(Seconds(dec0, Clock::now()), static_cast<int>(d.ticket->level));
+    result.decode_ms += out.decode_s * 1000.0;
+    planner.OnProcessed(out.decode_s + Seconds(handed0, Clock::now()), static_cast<int>(d.ticket->level));
     result.levels[i] = static_cast<int>(d.ticket->level);
+    give_back(std::move(out.kv));
     return true;
   };
 
-  // Between two decodes: take every finished fetch, measure, re-issue what
-  // the deadline needs coarser, then refill the pipeline, so requests are
-  // issued with the newest estimate and the link does not idle while chunks
-  // are decoded. With nothing to decode, wait for a fetch a tick at a time
-  // (the estimate follows the bytes arriving meanwhile).
+  // Take every finished fetch and decode, measure, re-issue what the
+  // deadline needs coarser, refill the pipeline (so requests are issued
+  // with the newest estimate), hand over what is decoded and keep the
+  // decoder busy; then wait for a fetch or the decoder a tick at a time (the
+  // estimate follows the bytes arriving meanwhile).
   constexpr double kTickS = 0.002;
   while (next_deliver < n) {
     while (auto r = fetcher.Next(0)) complete(std::move(*r));
+    collect_decode();
+    decode_next();  // first: the decoder idles until then
     observe();
     reissue();
     issue();
     if (deliver_one()) continue;
-    if (flight.empty() && open_backups() == 0) continue;  // everything left was skipped or is issuable
+    decode_next();
+    if (flight.empty() && open_backups() == 0 && !decoding) continue;  // everything left is skipped or issuable
     if (auto r = fetcher.Next(kTickS)) complete(std::move(*r));
   }
   for (uint32_t i = 0; i < n; ++i)

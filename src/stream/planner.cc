@@ -328,9 +328,10 @@ Plan LevelPlanner::Solve(uint32_t first, double elapsed_s, uint64_t kept_bytes, 
     // Only while a drop to 1/hedge_drop of the estimate (not derated: the
     // factor is the margin here), now, would make the deadline unreachable
     // even at the coarsest levels (what is still to come of backups and
-    // requests in flight included): the insurance bought is what the
+    // requests in flight included, and what the fallen link carries before
+    // the client acts on the fall): the insurance bought is what the
     // deadline needs, not what the slack allows.
-    double coarse = static_cast<double>(kept_bytes);
+    double coarse = static_cast<double>(kept_bytes + options_.hedge_react_bytes);
     for (const Slot& s : slots) {
       const int b = Coarsest(s.c);
       if (s.cur >= 0)

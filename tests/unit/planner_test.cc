@@ -432,11 +432,15 @@ TEST(Planner, HedgesTheLatestChunksFromSpareSlackOnly) {
   // Not exposed: with 5 s, even a fall to 1 MB/s leaves time for the
   // coarsest frames (3.4 s), so the slack buys nothing.
   EXPECT_TRUE(LevelPlanner(Chunks(8), Opts(5.0, 1e7)).Replan(0, 0, 0).hedge.empty());
-  // Exposed to a fall to a third (1.1 s of coarsest frames) with 1.2 s only
-  // when the insured fall is deeper than that.
+  // Exposed to a fall to a third (1.17 s: the coarsest frames and the 512
+  // KiB the fallen link carries before the client reacts) with 1.2 s only
+  // when the insured fall is deeper than that, or the reaction slower.
   PlannerOptions o = Opts(1.2, 1e7);
   o.hedge_drop = 3;
   EXPECT_TRUE(LevelPlanner(Chunks(8), o).Replan(0, 0, 0).hedge.empty());
+  o.hedge_react_bytes = 1u << 20;  // 1.33 s
+  EXPECT_FALSE(LevelPlanner(Chunks(8), o).Replan(0, 0, 0).hedge.empty());
+  o.hedge_react_bytes = PlannerOptions().hedge_react_bytes;
   o.hedge_drop = 4;
   EXPECT_FALSE(LevelPlanner(Chunks(8), o).Replan(0, 0, 0).hedge.empty());
   o.hedge = false;

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -272,6 +274,72 @@ TEST_P(ServiceTest, PutThenStreamEqualsDirectDecode) {
   ExpectRoundTrip(*client_, c, -1);  // adaptive (loose deadline: finest after the probe)
   ExpectRoundTrip(*client_, c, 2);
   ExpectRoundTrip(*store_, c, 1);  // the same client directly on the store
+}
+
+// A store whose reads of one key wait until `release` is set: the chunks
+// after it arrive first.
+class HoldOneKeyStore : public ChunkStore {
+ public:
+  HoldOneKeyStore(ChunkStore* inner, ChunkKey held) : inner_(inner), held_(held) {}
+  Status Put(const ChunkKey& key, uint32_t level, std::span<const uint8_t> frame) override {
+    return inner_->Put(key, level, frame);
+  }
+  Result<std::vector<uint8_t>> Get(const ChunkKey& key, uint32_t level) override {
+    if (key == held_)
+      while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    else
+      ++others_read;
+    return inner_->Get(key, level);
+  }
+  Result<uint64_t> Size(const ChunkKey& key, uint32_t level) override { return inner_->Size(key, level); }
+  Status Delete(const ChunkKey& key, uint32_t level) override { return inner_->Delete(key, level); }
+  StoreStats stats() const override { return inner_->stats(); }
+  std::string uri() const override { return inner_->uri(); }
+  std::atomic<bool> release{false};
+  std::atomic<int> others_read{0};
+
+ private:
+  ChunkStore* inner_;
+  ChunkKey held_;
+};
+
+// Chunks that arrive before an earlier one are decoded while it is awaited
+// and still handed over in chunk order, each equal to a direct decode; a
+// second fetch by the same client (reusing its decoded tensors) too.
+TEST_P(ServiceTest, ChunksArrivedEarlyAreDecodedAheadAndHandedOverInOrder) {
+  TestContext c = MakeContext(64);
+  auto enc = Encoder::Create(c.config);
+  ASSERT_TRUE(PutContext(*store_, c.root, c.tokens, c.kv.view(), *enc).ok());
+  const auto keys = ChunkKeys(c.root, c.tokens, c.chunk_tokens);
+  ASSERT_EQ(keys.size(), 4u);
+  HoldOneKeyStore held(store_.get(), keys[0]);
+  StreamClient client(&held);
+  StreamOptions opts;
+  opts.deadline_ms = 60000;
+  opts.fixed_level = 1;
+  opts.inflight = 4;
+  for (int fetch = 0; fetch < 2; ++fetch) {
+    held.release = false;
+    held.others_read = 0;
+    std::thread releaser([&] {
+      // Chunk 0 comes once the three others have been read (and a little
+      // more, for their decodes to start).
+      while (held.others_read.load() < 3) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      held.release = true;
+    });
+    uint32_t delivered = 0;
+    auto r = client.FetchTokens(c.root, c.tokens, c.chunk_tokens, opts, [&](const StreamedChunk& s) {
+      EXPECT_EQ(s.index, delivered) << "chunks are delivered in order";
+      ++delivered;
+      ExpectDirectDecode(c, s);
+    });
+    releaser.join();
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(delivered, 4u) << "fetch " << fetch;
+    EXPECT_TRUE(r->errors.empty());
+    EXPECT_EQ(r->levels, (std::vector<int>{1, 1, 1, 1}));
+  }
 }
 
 TEST_P(ServiceTest, CorruptChunkIsAMissAndRecomputed) {

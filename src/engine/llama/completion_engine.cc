@@ -105,6 +105,7 @@ Result<std::unique_ptr<LlamaCompletionEngine>> LlamaCompletionEngine::Create(std
   std::unique_ptr<LlamaCompletionEngine> e(new LlamaCompletionEngine());
   e->model_ = std::move(model);
   e->store_ = store;
+  e->stream_client_ = std::make_unique<StreamClient>(store);
   e->options_ = options;
   if (options.rope_keys && options.codec.rope.kind == RopeConfig::Kind::kNone)
     e->options_.codec.rope = CodecRope(e->model_->info());
@@ -274,10 +275,9 @@ Result<PrefillResult> LlamaCompletionEngine::Prefill(uint32_t slot, std::span<co
     so.fixed_level = deadline > 0 ? options_.fixed_level : std::max(options_.fixed_level, 0);
     // The last request's bandwidth estimate, so the first chunk need not probe.
     so.initial_bandwidth_bytes_s = last_bandwidth_bytes_s_.load();
-    StreamClient client(store_);
     // Each chunk goes into the sequence as it arrives (in chunk order), while
     // the next ones are still on the wire or being decoded.
-    Result<StreamResult> r = client.FetchTokens(
+    Result<StreamResult> r = stream_client_->FetchTokens(
         root_, tokens.first(cacheable * T), T, so, [&](const StreamedChunk& c) {
           t.levels.push_back(c.level);
           if (!inject_status.ok()) return;

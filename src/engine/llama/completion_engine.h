@@ -30,6 +30,7 @@
 #include "cachegen/llama_engine.h"
 #include "cachegen/store.h"
 #include "cachegen/stream.h"
+#include "cachegen/stream_client.h"
 #include "serve/completion_server.h"
 
 namespace cachegen {
@@ -105,6 +106,7 @@ class LlamaCompletionEngine final : public serve::CompletionEngine {
   std::shared_ptr<LlamaModel> model_;
   std::vector<std::unique_ptr<LlamaContext>> contexts_;
   ChunkStore* store_ = nullptr;
+  std::unique_ptr<StreamClient> stream_client_;  // one for every request: it reuses decoded tensors
   LlamaServeOptions options_;
   std::unique_ptr<Encoder> encoder_;
   ChunkKey root_;
