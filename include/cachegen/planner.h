@@ -47,10 +47,10 @@
 // level 0's bytes). So while a fall of the link to 1/hedge_drop of its
 // estimate, now, would leave the deadline out of reach even at the coarsest
 // levels (after the bytes the fallen link carries before the client can
-// act on the fall, hedge_react_bytes), the link is the slower stage (on a
-// decode-bound transfer a backup costs mostly client CPU, which the model
-// does not count), and the best plan still leaves slack, the plan names
-// chunks (latest first) to fetch a backup for: their coarsest frame, requested
+// act on the fall, hedge_react_bytes), the link is the slower stage (on a decode-bound transfer a backup
+// costs mostly client CPU, which the model does not count), and the best
+// plan still leaves slack, the plan names chunks
+// (latest first) to fetch a backup for: their coarsest frame, requested
 // before the planned ones while the link is fast. Each arrived backup
 // shortens what a fall would leave by a whole coarsest frame (a level-0
 // frame of the same link time, by less than half of one), so the exposure
@@ -104,13 +104,6 @@ struct PlannerOptions {
   // (RateEstimator::settled). Requests in flight keep their fine frames
   // meanwhile, so hedging counts these bytes as lost to the fall.
   uint64_t hedge_react_bytes = 512u << 10;
-  // Share of a chunk's processing time that goes with its frame's bytes
-  // (receiving them, entropy decoding) rather than with its values
-  // (dequantizing, writing the tensor), for a level not measured yet: its
-  // time is a measured level's, scaled by 1 - share + share x the bytes'
-  // ratio. Measured over loopback HTTP at 10 Gbit/s on 2 cores, the bench
-  // context took 0.86-0.89 x level 0's time at level 3, with 0.42 x the bytes.
-  double decode_byte_share = 0.25;
 };
 
 // Spread of the link's goodput, measured over disjoint segments of the
@@ -179,11 +172,11 @@ class LevelPlanner {
   void OnProcessed(double seconds, int level = -1);
   // Estimated decode time of chunk c at `level`: the smoothed time seen at
   // that level once it has been seen 3 times; for a level seen less, the
-  // nearest level seen 3 times, its bytes' share scaled to this level's
-  // frame (decode_byte_share), else the smoothed time of every level seen
-  // (most of the decoder's work is per value, which every level has the
-  // same number of, and one fast sample on a loaded machine must not make
-  // a level look faster); 0 before any chunk was processed.
+  // nearest level seen 3 times, else the smoothed time of every level seen
+  // (the decoder's work is per value, which every level has the same number
+  // of: measured, a coarse level decodes about as fast as a fine one, and
+  // one fast sample on a loaded machine must not make it look faster); 0
+  // before any chunk was processed.
   double DecodeSeconds(uint32_t c, int level) const;
 
   // The link's measured spread (RateEstimator::spread); margins follow it

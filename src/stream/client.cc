@@ -176,8 +176,7 @@ class Fetcher {
 struct DecodedChunk {
   KVTensor kv;
   uint32_t token_start = 0;
-  double decode_s = 0;   // the decode itself
-  double service_s = 0;  // the decoder's time for it (StreamClient::Fetch, collect_decode)
+  double decode_s = 0;
 };
 
 // One frame decoded on a thread of its own, so that the client's loop
@@ -188,10 +187,10 @@ struct DecodedChunk {
 // the destructor.
 class DecodeJob {
  public:
-  DecodeJob(uint32_t chunk, bool from_backup, Clock::time_point arrived, FrameBytes frame, const FrameInfo& info,
-            KVTensor kv, uint32_t threads, Fetcher* wake)
-      : chunk_(chunk), from_backup_(from_backup), arrived_(arrived), frame_(std::move(frame)),
-        token_start_(info.token_start), kv_(std::move(kv)), threads_(threads), wake_(wake) {
+  DecodeJob(uint32_t chunk, bool from_backup, FrameBytes frame, const FrameInfo& info, KVTensor kv,
+            uint32_t threads, Fetcher* wake)
+      : chunk_(chunk), from_backup_(from_backup), frame_(std::move(frame)), token_start_(info.token_start),
+        kv_(std::move(kv)), threads_(threads), wake_(wake) {
     try {
       thread_ = std::thread([this] { Work(); });
     } catch (const std::system_error&) {
@@ -206,8 +205,6 @@ class DecodeJob {
 
   uint32_t chunk() const { return chunk_; }
   bool from_backup() const { return from_backup_; }
-  Clock::time_point arrived() const { return arrived_; }  // the frame's
-  Clock::time_point ended() const { return ended_; }      // once done()
   bool done() const { return done_.load(std::memory_order_acquire); }
   Result<DecodedChunk> Take() {
     if (thread_.joinable()) thread_.join();
@@ -218,8 +215,7 @@ class DecodeJob {
   void Work() {
     const Clock::time_point t0 = Clock::now();
     Status st = DecodeFrame(*frame_, kv_.view(), threads_);
-    ended_ = Clock::now();
-    if (st.ok()) result_.emplace(DecodedChunk{std::move(kv_), token_start_, Seconds(t0, ended_), 0});
+    if (st.ok()) result_.emplace(DecodedChunk{std::move(kv_), token_start_, Seconds(t0, Clock::now())});
     else result_.emplace(std::move(st));
     done_.store(true, std::memory_order_release);
     wake_->Wake();
@@ -227,8 +223,6 @@ class DecodeJob {
 
   const uint32_t chunk_;
   const bool from_backup_;
-  const Clock::time_point arrived_;
-  Clock::time_point ended_{};
   const FrameBytes frame_;
   const uint32_t token_start_;
   KVTensor kv_;
@@ -534,7 +528,7 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
       ahead[c] = Ahead{from_backup, info.status()};
       return;
     }
-    decoding = std::make_unique<DecodeJob>(c, from_backup, d->finished, frame, *info, take_tensor(info->shape),
+    decoding = std::make_unique<DecodeJob>(c, from_backup, frame, *info, take_tensor(info->shape),
                                            options.decode_threads, &fetcher);
   };
   // With the decoder idle: decode chunk next_deliver once it is here, else
@@ -558,19 +552,11 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
     }
   };
   // Takes the finished decode, unless its chunk has since got the frame it
-  // was not decoded from (a backup's, when the planned frame came). The
-  // planner's decode stage is the decoder's service time: from the later of
-  // the frame's arrival and the previous decode's end to this one's end, so
-  // it includes the wait for this loop to start it and the decode's slowdown
-  // by the rest of the client and the link on the same cores.
-  Clock::time_point last_decode_end = t0;
+  // was not decoded from (a backup's, when the planned frame came).
   auto collect_decode = [&] {
     if (!decoding || !decoding->done()) return;
     const uint32_t c = decoding->chunk();
     Ahead a{decoding->from_backup(), decoding->Take()};
-    if (a.decoded.ok())
-      a.decoded->service_s = Seconds(std::max(last_decode_end, decoding->arrived()), decoding->ended());
-    last_decode_end = decoding->ended();
     decoding.reset();
     if (a.from_backup && ready[c]) {
       if (a.decoded.ok()) give_back(std::move(a.decoded->kv));
@@ -618,7 +604,7 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
     chunk.kv = &out.kv;
     if (on_chunk) on_chunk(chunk);
     result.decode_ms += out.decode_s * 1000.0;
-    planner.OnProcessed(out.service_s + Seconds(handed0, Clock::now()), static_cast<int>(d.ticket->level));
+    planner.OnProcessed(out.decode_s + Seconds(handed0, Clock::now()), static_cast<int>(d.ticket->level));
     result.levels[i] = static_cast<int>(d.ticket->level);
     give_back(std::move(out.kv));
     return true;

@@ -63,14 +63,9 @@ double LevelPlanner::DecodeSeconds(uint32_t c, int level) const {
   // the time of every level seen (see planner.h).
   auto trusted = [&](int s) { return s >= 0 && s < levels_ && decode_seen_[s] >= kTrustedSamples; };
   if (trusted(l)) return decode_s_[l];
-  const double share = std::clamp(options_.decode_byte_share, 0.0, 1.0);
   for (int d = 1; d < levels_; ++d)
-    for (int s : {l - d, l + d}) {
-      if (!trusted(s)) continue;
-      const uint64_t from = Bytes(c, s);
-      if (from == 0) return decode_s_[s];
-      return decode_s_[s] * (1 - share + share * static_cast<double>(Bytes(c, l)) / static_cast<double>(from));
-    }
+    for (int s : {l - d, l + d})
+      if (trusted(s)) return decode_s_[s];
   return decode_any_s_;
 }
 

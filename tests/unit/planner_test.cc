@@ -135,32 +135,23 @@ TEST(Planner, DecodeTimesPerLevelOnceTrustedAndNearestForOthers) {
   EXPECT_DOUBLE_EQ(p.DecodeSeconds(1, 3), 0.008);
   EXPECT_DOUBLE_EQ(p.DecodeSeconds(1, 0), 0.008);
   // Seen 3 times, level 3 has its own time; the others take the nearest
-  // trusted level's, finer first, its bytes' share (a quarter) scaled to
-  // theirs (each level has 3/4 of the finer one's bytes).
-  auto scaled = [](double t, int from, int to) { return t * (0.75 + 0.25 * std::pow(0.75, to - from)); };
+  // trusted level's, finer first.
   p.OnProcessed(0.006, 3);
   p.OnProcessed(0.006, 3);
   EXPECT_DOUBLE_EQ(p.DecodeSeconds(1, 3), 0.006);
-  EXPECT_DOUBLE_EQ(p.DecodeSeconds(1, 1), scaled(0.006, 3, 1));
+  EXPECT_DOUBLE_EQ(p.DecodeSeconds(1, 1), 0.006);
   p.OnProcessed(0.010, 0);
   p.OnProcessed(0.010, 0);
   EXPECT_DOUBLE_EQ(p.DecodeSeconds(1, 0), 0.010);
-  EXPECT_DOUBLE_EQ(p.DecodeSeconds(1, 1), scaled(0.010, 0, 1)) << "nearest trusted level, finer first";
-  EXPECT_DOUBLE_EQ(p.DecodeSeconds(1, 2), scaled(0.006, 3, 2));
-  // Without a bytes' share, a level decodes as fast as its nearest.
-  PlannerOptions per_value = Opts(1.0, 1e9);
-  per_value.decode_byte_share = 0;
-  LevelPlanner q(Chunks(4), per_value);
-  for (int i = 0; i < 3; ++i) q.OnProcessed(0.010, 0);
-  EXPECT_DOUBLE_EQ(q.DecodeSeconds(1, 3), 0.010);
+  EXPECT_DOUBLE_EQ(p.DecodeSeconds(1, 1), 0.010) << "nearest trusted level, finer first";
+  EXPECT_DOUBLE_EQ(p.DecodeSeconds(1, 2), 0.006);
 }
 
 TEST(Planner, DecodeBoundTransfersPickFasterDecodingLevels) {
   // A fast link (4 MB in 4 ms) but 100 ms of decode per level-0 chunk and
-  // 50 ms per level-3 chunk (level 1 takes level 0's, level 2 level 3's,
-  // scaled to their bytes: 94 and 54 ms): with 0.22 s left only levels 2
-  // and 3 fit 4 chunks; level 2 is finer.
-  LevelPlanner p(Chunks(4), Opts(0.22, 1e9));
+  // 50 ms per level-3 chunk (level 1 takes level 0's, level 2 level 3's):
+  // with 0.21 s left only levels 2 and 3 fit 4 chunks; level 2 is finer.
+  LevelPlanner p(Chunks(4), Opts(0.21, 1e9));
   EXPECT_EQ(p.Replan(0, 0, 0).decisions[0].level, 0) << "no decode times known yet";
   for (int i = 0; i < 3; ++i) {
     p.OnProcessed(0.100, 0);
