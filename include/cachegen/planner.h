@@ -47,10 +47,10 @@
 // level 0's bytes). So while a fall of the link to 1/hedge_drop of its
 // estimate, now, would leave the deadline out of reach even at the coarsest
 // levels (after the bytes the fallen link carries before the client can
-// act on the fall, hedge_react_bytes), the link is the slower stage (on a decode-bound transfer a backup
-// costs mostly client CPU, which the model does not count), and the best
-// plan still leaves slack, the plan names chunks
-// (latest first) to fetch a backup for: their coarsest frame, requested
+// act on the fall, hedge_react_bytes), the link is the slower stage (on a
+// decode-bound transfer a backup costs mostly client CPU, which the model
+// does not count), and the best plan still leaves slack, the plan names
+// chunks (latest first) to fetch a backup for: their coarsest frame, requested
 // before the planned ones while the link is fast. Each arrived backup
 // shortens what a fall would leave by a whole coarsest frame (a level-0
 // frame of the same link time, by less than half of one), so the exposure
