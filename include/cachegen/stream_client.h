@@ -111,9 +111,6 @@ class StreamClient {
   Result<StreamResult> FetchTokens(const ChunkKey& root, std::span<const TokenId> tokens, uint32_t chunk_size,
                                    const StreamOptions& options, const ChunkCallback& on_chunk) const;
 
-  // Decoded chunks' tensors kept for later decodes, at most.
-  static constexpr size_t kSpareTensors = 4;
-
  private:
   struct TensorPool;
   ChunkStore* store_;

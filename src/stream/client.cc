@@ -124,6 +124,7 @@ class Fetcher {
       d.ticket = t;
       Result<std::vector<uint8_t>> got = Status::IOError("cancelled");
       if (t->cancel) {
+        // not sent
       } else if (progress_) {
         uint64_t seen = 0;
         got = progress_->GetWithProgress(keys_[t->chunk], t->level, [&](uint64_t received) {
@@ -253,9 +254,10 @@ struct StreamClient::TensorPool {
   }
   void Give(KVTensor&& t) {
     std::lock_guard<std::mutex> lock(mu);
-    if (spare.size() == kSpareTensors) spare.erase(spare.begin());  // the oldest: a shape seen less lately
+    if (spare.size() == kMaxSpare) spare.erase(spare.begin());  // the oldest: a shape seen less lately
     spare.push_back(std::move(t));
   }
+  static constexpr size_t kMaxSpare = 4;
   std::mutex mu;
   std::vector<KVTensor> spare;
 };
@@ -366,10 +368,18 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
   };
   std::vector<std::optional<Ahead>> ahead(n);
   std::unique_ptr<DecodeJob> decoding;  // after `fetcher`: its thread wakes it
+  // Whether chunk c is decoded from the frame it will be handed over from:
+  // its planned frame once that is here, else its backup.
+  auto decoded_ahead = [&](uint32_t c) { return ahead[c] && ahead[c]->from_backup == !ready[c]; };
+  // An early decode that will not be handed over: its tensor back to the pool.
+  auto discard = [&](std::optional<Ahead>& a) {
+    if (a && a->decoded.ok()) give_back(std::move(a->decoded->kv));
+    a.reset();
+  };
   auto pending_decode = [&] {  // fetched (or to come from a backup), not yet decoded
     double s = 0;
     for (uint32_t c = next_deliver; c < next_issue; ++c) {
-      if (skipped[c] || (ahead[c] && ahead[c]->from_backup == (!ready[c] && use_backup[c]))) continue;
+      if (skipped[c] || decoded_ahead(c)) continue;
       if (ready[c]) s += planner.DecodeSeconds(c, issued_level[c]);
       else if (use_backup[c]) s += planner.DecodeSeconds(c, static_cast<int>(backup[c]->level));
     }
@@ -496,10 +506,7 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
       result.bytes += (*d.frame)->size();
       drop_backup(c);
       backup_ready[c].reset();
-      if (ahead[c] && ahead[c]->from_backup) {
-        if (ahead[c]->decoded.ok()) give_back(std::move(ahead[c]->decoded->kv));
-        ahead[c].reset();
-      }
+      if (ahead[c] && ahead[c]->from_backup) discard(ahead[c]);
     }
     ready[c] = std::move(d);
   };
@@ -517,15 +524,11 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
     if (backup_ready[c] && may_stand_in && backup_ready[c]->frame.ok()) return &*backup_ready[c];
     return nullptr;
   };
-  auto decoded_as = [&](uint32_t c, const Done* d) {
-    return ahead[c] && ahead[c]->from_backup == (!ready[c] || d != &*ready[c]);
-  };
+  // Decodes d, chunk c's frame_to_decode (its backup unless the planned
+  // frame is here).
   auto start_decode = [&](uint32_t c, const Done* d) {
-    const bool from_backup = !ready[c] || d != &*ready[c];
-    if (ahead[c]) {  // decoded from the other frame: not what is handed over
-      if (ahead[c]->decoded.ok()) give_back(std::move(ahead[c]->decoded->kv));
-      ahead[c].reset();
-    }
+    const bool from_backup = !ready[c];
+    discard(ahead[c]);  // decoded from the other frame: not what is handed over
     const FrameBytes& frame = *d->frame;
     Result<FrameInfo> info = InspectFrame(*frame);
     if (!info.ok()) {
@@ -546,7 +549,7 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
     uint32_t waiting = 0;
     for (uint32_t c = next_deliver; c < n; ++c) {
       const Done* d = frame_to_decode(c);
-      if (d && decoded_as(c, d)) {
+      if (d && decoded_ahead(c)) {
         if (c > next_deliver && ++waiting >= options.read_ahead) return;
         continue;
       }
@@ -560,12 +563,9 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
   auto collect_decode = [&] {
     if (!decoding || !decoding->done()) return;
     const uint32_t c = decoding->chunk();
-    Ahead a{decoding->from_backup(), decoding->Take()};
+    std::optional<Ahead> a = Ahead{decoding->from_backup(), decoding->Take()};
     decoding.reset();
-    if (a.from_backup && ready[c]) {
-      if (a.decoded.ok()) give_back(std::move(a.decoded->kv));
-      return;
-    }
+    if (a->from_backup && ready[c]) return discard(a);
     ahead[c] = std::move(a);
   };
   // Hands over chunk next_deliver once it is decoded (or failed, or is to
@@ -576,7 +576,7 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
     const bool from_backup = !ready[c] && use_backup[c];
     if (!skipped[c] && !ready[c] && !(from_backup && (backup_ready[c] || backup_failed[c]))) return false;
     const Done* here = frame_to_decode(c);
-    if (here && !decoded_as(c, here)) return false;  // decode_next decodes it
+    if (here && !decoded_ahead(c)) return false;  // decode_next decodes it
     const uint32_t i = next_deliver++;
     std::optional<Ahead> decoded = std::move(ahead[i]);
     ahead[i].reset();
