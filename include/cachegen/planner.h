@@ -17,6 +17,17 @@
 // where tail is the time to process the last chunk after it arrived, and
 // decode times per level are learned from the chunks processed so far.
 // (B and the decode stage are both derated by `safety`.)
+// Receiving shares the CPU with the decoder: where the machine has no core
+// to spare (measured on a 2-core VM at 10 Gbit/s over loopback HTTP: the
+// decoder lost a third of its time while the link was busy), every byte
+// still to come delays the decoder too. So the decode stage counts, besides
+// the decodes, k x (bytes to come), where k is the decoder time lost per
+// byte received (OnDecoderLoss: the decoder's wall time not spent on its own
+// CPU, over the bytes that arrived meanwhile; `receive_cost_s_per_byte`
+// before it is measured). A decode time is the decoder's own CPU time then,
+// so the loss is not counted twice. Coarser levels then end sooner when the
+// decoder is the slower stage: they carry fewer bytes. On a slow link, k x
+// bytes stays well below the bytes' link time, and the plan is unchanged.
 // Among the plans that fit, it picks the best quality: the finest level L such
 // that every remaining chunk fits at L, then it upgrades as many chunks as the
 // slacks allow to the next finer level, earliest chunks first. So it never
@@ -104,6 +115,12 @@ struct PlannerOptions {
   // (RateEstimator::settled). Requests in flight keep their fine frames
   // meanwhile, so hedging counts these bytes as lost to the fall.
   uint64_t hedge_react_bytes = 512u << 10;
+  // Decoder seconds lost per byte received, until measured (LevelPlanner,
+  // "Receiving shares the CPU"); 0 = none.
+  double receive_cost_s_per_byte = 0;
+  // Decode seconds per token until a chunk was processed (a client's
+  // earlier fetches on this machine); 0 = unknown (decodes cost nothing).
+  double decode_s_per_token = 0;
 };
 
 // Spread of the link's goodput, measured over disjoint segments of the
@@ -175,9 +192,21 @@ class LevelPlanner {
   // nearest level seen 3 times, else the smoothed time of every level seen
   // (the decoder's work is per value, which every level has the same number
   // of: measured, a coarse level decodes about as fast as a fine one, and
-  // one fast sample on a loaded machine must not make it look faster); 0
-  // before any chunk was processed.
+  // one fast sample on a loaded machine must not make it look faster);
+  // before any chunk was processed, PlannerOptions::decode_s_per_token x the
+  // chunk's tokens.
   double DecodeSeconds(uint32_t c, int level) const;
+  // A decode ran `wall_s`, of which the decoder's own thread ran `cpu_s`,
+  // while `bytes` arrived. ReceiveCost() = the time lost (wall - cpu) over
+  // the bytes, summed over the decodes during which bytes arrived, once
+  // there are 3 of them; before, PlannerOptions::receive_cost_s_per_byte.
+  // Time lost while nothing arrived (other work on the machine) is not
+  // counted.
+  void OnDecoderLoss(double wall_s, double cpu_s, uint64_t bytes);
+  // Decoder seconds lost per byte received (see above).
+  double ReceiveCost() const;
+  // Whether ReceiveCost() is measured (else the prior).
+  bool receive_cost_measured() const { return decoder_loss_samples_ >= kTrustedSamples; }
 
   // The link's measured spread (RateEstimator::spread); margins follow it
   // once it covers 3 segments.
@@ -258,6 +287,9 @@ class LevelPlanner {
   int decode_samples_ = 0;
   double decode_sq_residuals_ = 0;   // sum of (sample - its level's estimate before it)^2
   int decode_residuals_ = 0;
+  double decoder_lost_s_ = 0;        // OnDecoderLoss sums
+  double decoder_loss_bytes_ = 0;
+  int decoder_loss_samples_ = 0;
   LinkSpread link_;
   static constexpr int kTrustedSamples = 3;
   std::vector<double> level_total_;  // bytes of all chunks per level

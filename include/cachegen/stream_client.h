@@ -85,17 +85,21 @@ struct StreamResult {
   uint64_t abandoned_bytes = 0;  // bytes those had received (moved over the link, not delivered)
   uint32_t backups = 0;          // backup requests (hedging: a chunk's coarsest level, next to its planned one)
   uint32_t from_backup = 0;      // chunks delivered from their backup
+  // Decoder time lost per byte received, as the planner used it last
+  // (LevelPlanner::ReceiveCost; 0 with several decode threads: not measured).
+  double receive_cost_ns_per_byte = 0;
 };
 
 class StreamClient {
  public:
   // `store` is not owned and must outlive the client; it must be thread-safe
   // (every ChunkStore is). Fetch may be called from several threads at once.
-  // A client keeps the tensors of a few decoded chunks for its next decodes,
-  // this fetch's and later ones': a new tensor's pages fault in on first
-  // write, which can cost more than the decode (measured on a 2-core VM: 20-27
-  // ms for a chunk's 8.4 MB against 3 ms of decode). So keep one client for a
-  // sequence of fetches.
+  // A client keeps the tensors of decoded chunks for its next decodes, this
+  // fetch's and later ones', as many as a fetch holds at once (read_ahead +
+  // 2, the largest of its fetches so far): a new tensor's pages fault in on
+  // first write, which can cost more than the decode (measured on a 2-core
+  // VM: 20-35 ms for a chunk's 8.4 MB against 3.5 ms of decode). So keep one
+  // client for a sequence of fetches.
   explicit StreamClient(ChunkStore* store);
   ~StreamClient();
   StreamClient(StreamClient&&) noexcept;
@@ -115,6 +119,8 @@ class StreamClient {
   struct TensorPool;
   ChunkStore* store_;
   std::unique_ptr<TensorPool> pool_;
+  struct MachineCosts;
+  std::unique_ptr<MachineCosts> costs_;
 };
 
 }  // namespace cachegen

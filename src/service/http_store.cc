@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <charconv>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "cachegen/codec.h"
@@ -36,16 +37,31 @@ class HttpStore final : public ChunkStore, public PrefixLookupProvider, public P
 
   Result<std::vector<uint8_t>> GetWithProgress(const ChunkKey& key, uint32_t level,
                                                const Progress& progress) override {
+    // The body goes straight into the frame's buffer, sized from
+    // Content-Length: received into a string and copied, a frame cost two
+    // more copies of itself, and page faults on each fresh copy.
     bool abandoned = false;  // the caller's progress said stop
-    auto res = Send(
-        [&](httplib::Client& c) {
-          if (!progress) return c.Get(Path(key, level), Headers());
-          return c.Get(Path(key, level), Headers(), [&](uint64_t received, uint64_t) {
-            abandoned = !progress(received);
-            return !abandoned;
-          });
-        },
-        &abandoned);
+    int status = 0;
+    std::vector<uint8_t> bytes;
+    std::string error_body;  // the answer to a failed request, for its message
+    auto on_response = [&](const httplib::Response& r) {
+      status = r.status;
+      bytes.clear();
+      error_body.clear();
+      if (status == 200) bytes.reserve(std::min(HeaderNumber(r, "Content-Length").value_or(0), kMaxReserve));
+      return true;
+    };
+    auto on_body = [&](const char* data, size_t n) {
+      if (status != 200) {
+        if (error_body.size() < kMaxErrorBody) error_body.append(data, std::min(n, kMaxErrorBody - error_body.size()));
+        return true;
+      }
+      bytes.insert(bytes.end(), reinterpret_cast<const uint8_t*>(data), reinterpret_cast<const uint8_t*>(data) + n);
+      abandoned = progress && !progress(bytes.size());
+      return !abandoned;
+    };
+    auto res = Send([&](httplib::Client& c) { return c.Get(Path(key, level), Headers(), on_response, on_body); },
+                    &abandoned);
     if (!res) {
       if (abandoned) return Status::IOError("service " + url_ + ": cancelled");
       misses_++;
@@ -53,9 +69,8 @@ class HttpStore final : public ChunkStore, public PrefixLookupProvider, public P
     }
     if (res->status != 200) {
       misses_++;
-      return HttpError(*res);
+      return HttpError(res->status, error_body);
     }
-    std::vector<uint8_t> bytes(res->body.begin(), res->body.end());
     Result<FrameInfo> info = InspectFrame(bytes);
     if (!info.ok() || info->level != level || info->bytes != bytes.size()) {
       misses_++;
@@ -72,12 +87,9 @@ class HttpStore final : public ChunkStore, public PrefixLookupProvider, public P
     auto res = Send([&](httplib::Client& c) { return c.Head(Path(key, level), Headers()); });
     if (!res) return NetError(res.error());
     if (res->status != 200) return HttpError(*res);
-    const std::string v = res->get_header_value("X-Chunk-Bytes");
-    uint64_t n = 0;
-    auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
-    if (v.empty() || ec != std::errc() || p != v.data() + v.size())
-      return Status::IOError("service " + url_ + ": HEAD without X-Chunk-Bytes");
-    return n;
+    const std::optional<uint64_t> n = HeaderNumber(*res, "X-Chunk-Bytes");
+    if (!n) return Status::IOError("service " + url_ + ": HEAD without X-Chunk-Bytes");
+    return *n;
   }
 
   Status Delete(const ChunkKey& key, uint32_t level) override {
@@ -190,15 +202,28 @@ class HttpStore final : public ChunkStore, public PrefixLookupProvider, public P
   Status NetError(httplib::Error e) const {
     return Status::IOError("service " + url_ + ": " + httplib::to_string(e));
   }
-  Status HttpError(const httplib::Response& r) const {
-    std::string msg = "service " + url_ + ": HTTP " + std::to_string(r.status);
-    nlohmann::json body = nlohmann::json::parse(r.body, nullptr, false);
+  Status HttpError(const httplib::Response& r) const { return HttpError(r.status, r.body); }
+  Status HttpError(int status, const std::string& answer) const {
+    std::string msg = "service " + url_ + ": HTTP " + std::to_string(status);
+    nlohmann::json body = nlohmann::json::parse(answer, nullptr, false);
     if (body.is_object() && body.contains("error") && body["error"].is_string())
       msg += ": " + body["error"].get<std::string>();
-    if (r.status == 404) return Status::NotFound(msg);
-    if (r.status >= 400 && r.status < 500) return Status::InvalidArgument(msg);
+    if (status == 404) return Status::NotFound(msg);
+    if (status >= 400 && status < 500) return Status::InvalidArgument(msg);
     return Status::IOError(msg);
   }
+  // A header holding an unsigned number; nullopt when absent or malformed.
+  static std::optional<uint64_t> HeaderNumber(const httplib::Response& r, const char* name) {
+    const std::string v = r.get_header_value(name);
+    uint64_t n = 0;
+    auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+    if (v.empty() || ec != std::errc() || p != v.data() + v.size()) return std::nullopt;
+    return n;
+  }
+  // Buffer reserved up front at most (a hostile Content-Length must not
+  // allocate more); a larger frame grows the buffer as it arrives.
+  static constexpr uint64_t kMaxReserve = 64ull << 20;
+  static constexpr size_t kMaxErrorBody = 64 << 10;
 
   std::string url_, host_;
   int port_;

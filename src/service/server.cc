@@ -261,11 +261,9 @@ class HttpService final : public Service {
     metrics_.Hit();
     auto bytes = std::make_shared<std::vector<uint8_t>>(std::move(frame).value());
     tls.out_bytes = bytes->size();
+    // The frame is sent from its own buffer (set_content would copy it
+    // first); through the shapers 64 KiB at a time, else whole.
     const bool limited = !options_.connection_rate.empty() || options_.link;
-    if (!limited) {
-      res.set_content(reinterpret_cast<const char*>(bytes->data()), bytes->size(), "application/octet-stream");
-      return;
-    }
     if (!options_.connection_rate.empty() && (tls.peer != req.remote_addr + ":" + std::to_string(req.remote_port) ||
                                               !tls.shaper)) {
       tls.peer = req.remote_addr + ":" + std::to_string(req.remote_port);
@@ -274,8 +272,8 @@ class HttpService final : public Service {
     LinkShaper* conn = options_.connection_rate.empty() ? nullptr : tls.shaper.get();
     std::shared_ptr<LinkShaper> link = options_.link;
     res.set_content_provider(bytes->size(), "application/octet-stream",
-                             [bytes, conn, link](size_t offset, size_t length, httplib::DataSink& sink) {
-                               const size_t n = std::min<size_t>(length, 64 * 1024);
+                             [bytes, conn, link, limited](size_t offset, size_t length, httplib::DataSink& sink) {
+                               const size_t n = limited ? std::min<size_t>(length, 64 * 1024) : length;
                                if (conn) conn->Acquire(n);
                                if (link) link->Acquire(n);
                                return sink.write(reinterpret_cast<const char*>(bytes->data()) + offset, n);

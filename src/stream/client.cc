@@ -8,10 +8,12 @@
 #include <memory>
 #include <deque>
 #include <system_error>
+#include <time.h>
 #include <mutex>
 #include <optional>
 #include <thread>
 
+#include "common/parallel.h"
 #include "stream/progress_get.h"
 
 namespace cachegen {
@@ -20,6 +22,13 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+// CPU time the calling thread has run, in seconds.
+double ThreadCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
 
 // One request: what the client and its fetch thread share.
 struct Ticket {
@@ -177,7 +186,10 @@ class Fetcher {
 struct DecodedChunk {
   KVTensor kv;
   uint32_t token_start = 0;
-  double decode_s = 0;
+  Clock::time_point started, finished;
+  double cpu_s = 0;  // the decoding thread's CPU time (all of the decode's with one decode thread)
+  uint64_t arrived = 0;  // bytes received meanwhile (every request's)
+  double wall_s() const { return Seconds(started, finished); }
 };
 
 // One frame decoded on a thread of its own, so that the client's loop
@@ -189,9 +201,9 @@ struct DecodedChunk {
 class DecodeJob {
  public:
   DecodeJob(uint32_t chunk, bool from_backup, FrameBytes frame, const FrameInfo& info, KVTensor kv,
-            uint32_t threads, Fetcher* wake)
+            uint32_t threads, Fetcher* fetcher)
       : chunk_(chunk), from_backup_(from_backup), frame_(std::move(frame)), token_start_(info.token_start),
-        kv_(std::move(kv)), threads_(threads), wake_(wake) {
+        kv_(std::move(kv)), threads_(threads), fetcher_(fetcher) {
     try {
       thread_ = std::thread([this] { Work(); });
     } catch (const std::system_error&) {
@@ -215,11 +227,16 @@ class DecodeJob {
  private:
   void Work() {
     const Clock::time_point t0 = Clock::now();
+    const double cpu0 = ThreadCpuSeconds();
+    const uint64_t received0 = fetcher_->received();
     Status st = DecodeFrame(*frame_, kv_.view(), threads_);
-    if (st.ok()) result_.emplace(DecodedChunk{std::move(kv_), token_start_, Seconds(t0, Clock::now())});
-    else result_.emplace(std::move(st));
+    if (st.ok())
+      result_.emplace(DecodedChunk{std::move(kv_), token_start_, t0, Clock::now(), ThreadCpuSeconds() - cpu0,
+                                   fetcher_->received() - received0});
+    else
+      result_.emplace(std::move(st));
     done_.store(true, std::memory_order_release);
-    wake_->Wake();
+    fetcher_->Wake();
   }
 
   const uint32_t chunk_;
@@ -228,7 +245,7 @@ class DecodeJob {
   const uint32_t token_start_;
   KVTensor kv_;
   const uint32_t threads_;
-  Fetcher* const wake_;
+  Fetcher* const fetcher_;
   std::optional<Result<DecodedChunk>> result_;
   std::atomic<bool> done_{false};
   std::thread thread_;
@@ -238,7 +255,11 @@ class DecodeJob {
 
 // Tensors of handed-over chunks (and of early decodes not used), for the
 // next decodes (StreamClient's contract): memory already written, so its
-// pages need not fault in again.
+// pages need not fault in again. It keeps as many as a fetch can hold at
+// once (the largest bound of the fetches so far), so that a steady sequence
+// of fetches allocates none: keeping 4 while a fetch held up to 10, fetches
+// at 10 Gbit/s on the 2-core VM still decoded a few chunks into new memory
+// (25-35 ms each against 3.5).
 struct StreamClient::TensorPool {
   KVTensor Take(const KVShape& shape, DType dtype) {
     {
@@ -254,15 +275,33 @@ struct StreamClient::TensorPool {
   }
   void Give(KVTensor&& t) {
     std::lock_guard<std::mutex> lock(mu);
-    if (spare.size() == kMaxSpare) spare.erase(spare.begin());  // the oldest: a shape seen less lately
+    if (spare.size() >= keep) spare.erase(spare.begin());  // the oldest: a shape seen less lately
     spare.push_back(std::move(t));
   }
-  static constexpr size_t kMaxSpare = 4;
+  // A fetch holds up to `held` tensors at once.
+  void Expect(size_t held) {
+    std::lock_guard<std::mutex> lock(mu);
+    keep = std::max(keep, held);
+  }
   std::mutex mu;
+  size_t keep = 0;
   std::vector<KVTensor> spare;
 };
 
-StreamClient::StreamClient(ChunkStore* store) : store_(store), pool_(std::make_unique<TensorPool>()) {}
+// What the latest fetches measured of this machine: the decoder's time lost
+// per byte received (LevelPlanner::ReceiveCost) and its decode time per
+// token, so that a fetch plans with them from its first requests (before,
+// the first requests of a fetch at 10 Gbit/s on the 2-core VM were planned
+// with decodes that cost nothing: all at the finest level, which a deadline
+// a few ms above the decode time could not afford).
+struct StreamClient::MachineCosts {
+  std::mutex mu;
+  double receive_cost_s_per_byte = 0;
+  double decode_s_per_token = 0;
+};
+
+StreamClient::StreamClient(ChunkStore* store)
+    : store_(store), pool_(std::make_unique<TensorPool>()), costs_(std::make_unique<MachineCosts>()) {}
 StreamClient::~StreamClient() = default;
 StreamClient::StreamClient(StreamClient&&) noexcept = default;
 StreamClient& StreamClient::operator=(StreamClient&&) noexcept = default;
@@ -298,6 +337,11 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
   popts.reserve = options.reserve;
   popts.measured_margins = options.measured_margins;
   popts.hedge = options.hedge;
+  {
+    std::lock_guard<std::mutex> lock(costs_->mu);
+    popts.receive_cost_s_per_byte = costs_->receive_cost_s_per_byte;
+    popts.decode_s_per_token = costs_->decode_s_per_token;
+  }
   LevelPlanner planner(std::move(plan_chunks), popts);
   const bool adaptive = options.fixed_level < 0;
 
@@ -359,6 +403,9 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
     }
     return v;
   };
+  // Tensors held at once: up to read_ahead decoded chunks waiting, the
+  // chunk being handed over and the one being decoded.
+  pool_->Expect(options.read_ahead + 2);
   auto take_tensor = [&](const KVShape& shape) { return pool_->Take(shape, options.dtype); };
   auto give_back = [&](KVTensor&& t) { pool_->Give(std::move(t)); };
   // Chunks decoded and not handed over yet, and whether from their backup.
@@ -558,6 +605,17 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
       if (decoding) return;
     }
   };
+  // With one decode thread, a decode during which bytes arrived costs its
+  // own CPU time, and the rest of its wall time was lost to receiving them
+  // (LevelPlanner, "Receiving shares the CPU"); time lost while nothing
+  // arrived (other work on the machine) stays in the decode's cost. With
+  // more threads, their CPU time is not measured: wall times, no loss.
+  const bool decoder_measured = ResolveThreads(options.decode_threads) == 1;
+  auto decode_cost_s = [&](const DecodedChunk& d) {
+    return decoder_measured && d.arrived > 0 ? d.cpu_s : d.wall_s();
+  };
+  double decoded_s = 0;  // of the chunks handed over (MachineCosts)
+  uint64_t decoded_tokens = 0;
   // Takes the finished decode, unless its chunk has since got the frame it
   // was not decoded from (a backup's, when the planned frame came).
   auto collect_decode = [&] {
@@ -565,6 +623,10 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
     const uint32_t c = decoding->chunk();
     std::optional<Ahead> a = Ahead{decoding->from_backup(), decoding->Take()};
     decoding.reset();
+    if (a->decoded.ok() && decoder_measured) {
+      const DecodedChunk& d = *a->decoded;
+      planner.OnDecoderLoss(d.wall_s(), d.cpu_s, d.arrived);
+    }
     if (a->from_backup && ready[c]) return discard(a);
     ahead[c] = std::move(a);
   };
@@ -607,8 +669,10 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
     chunk.bytes = (*d.frame)->size();
     chunk.kv = &out.kv;
     if (on_chunk) on_chunk(chunk);
-    result.decode_ms += out.decode_s * 1000.0;
-    planner.OnProcessed(out.decode_s + Seconds(handed0, Clock::now()), static_cast<int>(d.ticket->level));
+    result.decode_ms += out.wall_s() * 1000.0;
+    planner.OnProcessed(decode_cost_s(out) + Seconds(handed0, Clock::now()), static_cast<int>(d.ticket->level));
+    decoded_s += decode_cost_s(out);
+    decoded_tokens += chunk_tokens[i];
     result.levels[i] = static_cast<int>(d.ticket->level);
     give_back(std::move(out.kv));
     return true;
@@ -637,6 +701,12 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
   result.elapsed_ms = Seconds(t0, Clock::now()) * 1000.0;
   result.deadline_met = result.elapsed_ms <= options.deadline_ms;
   result.bandwidth_bytes_s = planner.bandwidth();
+  result.receive_cost_ns_per_byte = planner.ReceiveCost() * 1e9;
+  {
+    std::lock_guard<std::mutex> lock(costs_->mu);
+    if (planner.receive_cost_measured()) costs_->receive_cost_s_per_byte = planner.ReceiveCost();
+    if (decoded_tokens > 0) costs_->decode_s_per_token = decoded_s / decoded_tokens;
+  }
   return result;
 }
 

@@ -53,6 +53,18 @@ void LevelPlanner::OnProcessed(double seconds, int level) {
   }
 }
 
+void LevelPlanner::OnDecoderLoss(double wall_s, double cpu_s, uint64_t bytes) {
+  if (bytes == 0 || !(cpu_s >= 0) || !(wall_s >= cpu_s)) return;
+  decoder_lost_s_ += wall_s - cpu_s;
+  decoder_loss_bytes_ += static_cast<double>(bytes);
+  ++decoder_loss_samples_;
+}
+
+double LevelPlanner::ReceiveCost() const {
+  if (!receive_cost_measured()) return std::max(options_.receive_cost_s_per_byte, 0.0);
+  return decoder_lost_s_ / decoder_loss_bytes_;
+}
+
 double LevelPlanner::DecodeSeconds(uint32_t c, int level) const {
   const int l = Resolve(c, level);
   if (l < 0) return 0;
@@ -66,6 +78,7 @@ double LevelPlanner::DecodeSeconds(uint32_t c, int level) const {
   for (int d = 1; d < levels_; ++d)
     for (int s : {l - d, l + d})
       if (trusted(s)) return decode_s_[s];
+  if (decode_samples_ == 0) return std::max(options_.decode_s_per_token, 0.0) * chunks_[c].tokens;
   return decode_any_s_;
 }
 
@@ -222,10 +235,14 @@ Plan LevelPlanner::Solve(uint32_t first, double elapsed_s, uint64_t kept_bytes, 
   auto recompute_s = [&](uint64_t tokens) {
     return tokens == 0 ? 0.0 : rate > 0 ? static_cast<double>(tokens) / rate : inf;
   };
+  // Decoder time lost to receiving a byte (planner.h, "Receiving shares the
+  // CPU"); a slot's decode time below counts its bytes' share.
+  const double lost_per_byte = ReceiveCost();
+  const double kept_lost_s = lost_per_byte * static_cast<double>(kept_bytes);
   // Two stages in a row: the link, then the decoder (one chunk at a time).
   auto expected = [&](uint64_t fetch_bytes, double decode_s, uint64_t recompute_tokens) {
     const double transfer = static_cast<double>(kept_bytes + fetch_bytes) / bw + tail_s_;
-    const double decode = (pending_decode_s + decode_s) / dsafety;
+    const double decode = (pending_decode_s + kept_lost_s + decode_s) / dsafety;
     return std::max(transfer, decode) + recompute_s(recompute_tokens);
   };
 
@@ -249,7 +266,9 @@ Plan LevelPlanner::Solve(uint32_t first, double elapsed_s, uint64_t kept_bytes, 
     if (l < 0 || l == s.backup) return 0;  // a backup's bytes are in kept_bytes
     return l == s.cur ? s.left : Bytes(s.c, l);
   };
-  auto decode_at = [&](const Slot& s, int l) { return l < 0 ? 0.0 : DecodeSeconds(s.c, l); };
+  auto decode_at = [&](const Slot& s, int l) {
+    return l < 0 ? 0.0 : DecodeSeconds(s.c, l) + lost_per_byte * static_cast<double>(bytes_at(s, l));
+  };
   // The next finer level of slot s from l; -1 if none.
   auto finer = [&](const Slot& s, int l) {
     if (l <= 0) return -1;
@@ -272,7 +291,7 @@ Plan LevelPlanner::Solve(uint32_t first, double elapsed_s, uint64_t kept_bytes, 
   // 1. The finest uniform level that fits both stages, then upgrades one
   // level finer, earliest chunks first, while both still fit.
   const double byte_budget = (left - forced_s - tail_s_) * bw - static_cast<double>(kept_bytes);
-  const double decode_budget = (left - forced_s) * dsafety - pending_decode_s;
+  const double decode_budget = (left - forced_s) * dsafety - pending_decode_s - kept_lost_s;
   auto upgrade = [&](double byte_slack, double decode_slack, uint64_t* total, double* decode) {
     for (size_t k = 0; k < slots.size(); ++k) {
       if (level[k] < 0) continue;
@@ -343,8 +362,8 @@ Plan LevelPlanner::Solve(uint32_t first, double elapsed_s, uint64_t kept_bytes, 
     // mostly the client's CPU (one more request to receive), which the
     // plan does not model (measured at 10 Gbit/s: 1-2 backups per fetch,
     // and the median later than the client without them).
-    const bool link_bound =
-        static_cast<double>(kept_bytes + total) / bw + tail_s_ >= (pending_decode_s + decode) / dsafety;
+    const bool link_bound = static_cast<double>(kept_bytes + total) / bw + tail_s_ >=
+                            (pending_decode_s + kept_lost_s + decode) / dsafety;
     const bool exposed = options_.hedge && options_.hedge_drop > 1 && link_bound &&
                          coarse / (bandwidth_ / options_.hedge_drop) + tail_s_ > left - forced_s;
     for (size_t k = slots.size(); exposed && k-- > n_inflight;) {

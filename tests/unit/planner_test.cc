@@ -179,6 +179,67 @@ TEST(Planner, LateDecodeBoundPlanKeepsLevelsThatAreNoSlower) {
   for (auto d : slow.Replan(0, 0, 0).decisions) EXPECT_EQ(d.level, 3);
 }
 
+TEST(Planner, DecodeTimePriorPerTokenUntilAChunkIsProcessed) {
+  PlannerOptions o = Opts(1.0, 1e9);
+  o.decode_s_per_token = 1e-5;
+  std::vector<PlanChunk> chunks = Chunks(2);
+  chunks[1].tokens = 100;
+  LevelPlanner p(chunks, o);
+  EXPECT_DOUBLE_EQ(p.DecodeSeconds(0, 0), 256 * 1e-5);
+  EXPECT_DOUBLE_EQ(p.DecodeSeconds(1, 3), 100 * 1e-5);
+  p.OnProcessed(0.004, 0);
+  EXPECT_DOUBLE_EQ(p.DecodeSeconds(1, 3), 0.004) << "measured replaces the prior";
+}
+
+TEST(Planner, ReceiveCostFromDecodesDuringWhichBytesArrived) {
+  PlannerOptions o = Opts(1.0, 1e9);
+  o.receive_cost_s_per_byte = 2e-9;
+  LevelPlanner p(Chunks(4), o);
+  EXPECT_FALSE(p.receive_cost_measured());
+  EXPECT_DOUBLE_EQ(p.ReceiveCost(), 2e-9) << "the prior until measured";
+  p.OnDecoderLoss(0.005, 0.003, 2000000);  // 2 ms lost while 2 MB arrived
+  p.OnDecoderLoss(0.004, 0.004, 0);        // nothing arrived: not counted
+  p.OnDecoderLoss(0.009, 0.003, 0);        // lost to other work: not counted
+  p.OnDecoderLoss(0.003, 0.004, 1000000);  // more CPU than wall: malformed
+  p.OnDecoderLoss(0.004, 0.003, 1000000);
+  EXPECT_FALSE(p.receive_cost_measured()) << "2 samples";
+  p.OnDecoderLoss(0.003, 0.003, 1000000);
+  ASSERT_TRUE(p.receive_cost_measured());
+  EXPECT_DOUBLE_EQ(p.ReceiveCost(), 0.003 / 4000000.0);
+}
+
+TEST(Planner, ReceiveCostMakesDecodeBoundPlansCoarser) {
+  // 16 chunks of 1 MB at level 0 (0.75 MB at 1, ...), a 500 MB/s link
+  // (32 ms for level 0) and 3 ms of decode per chunk (48 ms): decode-bound.
+  // With 61.9 ms, level 0 fits as long as receiving costs the decoder
+  // nothing; losing 1 ms per MB received, level 0 needs 48 + 16 ms and
+  // level 1 48 + 12, and the 1.9 ms left upgrade 7 chunks (0.25 ms each).
+  auto planner = [](double receive_cost) {
+    PlannerOptions o = Opts(0.0619, 500e6);
+    o.receive_cost_s_per_byte = receive_cost;
+    LevelPlanner p(Chunks(16), o);
+    for (int i = 0; i < 3; ++i) p.OnProcessed(0.003, 0);
+    return p;
+  };
+  Plan free = planner(0).Replan(0, 0, 0);
+  EXPECT_TRUE(free.feasible);
+  for (auto d : free.decisions) EXPECT_EQ(d.level, 0);
+  Plan costly = planner(1e-9).Replan(0, 0, 0);
+  EXPECT_TRUE(costly.feasible);
+  for (uint32_t c = 0; c < 16; ++c)
+    EXPECT_EQ(costly.decisions[c].level, c < 7 ? 0 : 1) << "chunk " << c << ": upgraded earliest first";
+  // A slow link: the bytes' link time dwarfs what they cost the decoder.
+  PlannerOptions slow = Opts(0.2, 100e6);
+  slow.receive_cost_s_per_byte = 1e-9;
+  LevelPlanner q(Chunks(16), slow);
+  for (int i = 0; i < 3; ++i) q.OnProcessed(0.003, 0);
+  Plan by_link = q.Replan(0, 0, 0);
+  LevelPlanner r(Chunks(16), Opts(0.2, 100e6));
+  for (int i = 0; i < 3; ++i) r.OnProcessed(0.003, 0);
+  Plan by_link_free = r.Replan(0, 0, 0);
+  for (uint32_t c = 0; c < 16; ++c) EXPECT_EQ(by_link.decisions[c].level, by_link_free.decisions[c].level);
+}
+
 TEST(Planner, InFlightRequestsKeptWhileTheDeadlineAllows) {
   // 8 chunks at 10 MB/s, 1 s: level 0 (0.8 s) fits; the two requests in
   // flight at level 0 are kept.

@@ -113,7 +113,9 @@ TEST_P(ServiceTest, WritesNeedTheBearerToken) {
   EXPECT_EQ(StatusOf(RawRequest(port(), "GET " + kPath + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")), 401);
   auto anon = ConnectService(Url());
   ASSERT_TRUE(anon.ok());
-  EXPECT_EQ((*anon)->Get(kKey, 0).status().code(), StatusCode::kInvalidArgument);
+  const Status refused = (*anon)->Get(kKey, 0).status();
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("HTTP 401: missing bearer token"), std::string::npos) << refused.ToString();
   EXPECT_TRUE(client_->Get(kKey, 0).ok());
 }
 
