@@ -199,14 +199,22 @@ class LevelPlanner {
   // A decode ran `wall_s`, of which the decoder's own thread ran `cpu_s`,
   // while `bytes` arrived. ReceiveCost() = the time lost (wall - cpu) over
   // the bytes, summed over the decodes during which bytes arrived, once
-  // there are 3 of them; before, PlannerOptions::receive_cost_s_per_byte.
-  // Time lost while nothing arrived (other work on the machine) is not
-  // counted.
+  // there are 3 of them and kReceiveCostBytes (4 MiB) arrived; before,
+  // PlannerOptions::receive_cost_s_per_byte. Time lost while nothing
+  // arrived (other work on the machine) is not counted; time lost to other
+  // work while a few bytes arrived is, which is why it takes that many
+  // bytes: on a slow link a decode sees a few KB arrive, and a ms lost to
+  // anything else would read as a receive cost tens of times the real one
+  // (harmless there, but carried to the client's next fetch, maybe on a
+  // fast link).
   void OnDecoderLoss(double wall_s, double cpu_s, uint64_t bytes);
   // Decoder seconds lost per byte received (see above).
   double ReceiveCost() const;
   // Whether ReceiveCost() is measured (else the prior).
-  bool receive_cost_measured() const { return decoder_loss_samples_ >= kTrustedSamples; }
+  bool receive_cost_measured() const {
+    return decoder_loss_samples_ >= kTrustedSamples && decoder_loss_bytes_ >= kReceiveCostBytes;
+  }
+  static constexpr double kReceiveCostBytes = 4 << 20;
 
   // The link's measured spread (RateEstimator::spread); margins follow it
   // once it covers 3 segments.

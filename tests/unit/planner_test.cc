@@ -192,20 +192,28 @@ TEST(Planner, DecodeTimePriorPerTokenUntilAChunkIsProcessed) {
 }
 
 TEST(Planner, ReceiveCostFromDecodesDuringWhichBytesArrived) {
+  constexpr uint64_t kMiB = 1 << 20;
   PlannerOptions o = Opts(1.0, 1e9);
   o.receive_cost_s_per_byte = 2e-9;
   LevelPlanner p(Chunks(4), o);
   EXPECT_FALSE(p.receive_cost_measured());
   EXPECT_DOUBLE_EQ(p.ReceiveCost(), 2e-9) << "the prior until measured";
-  p.OnDecoderLoss(0.005, 0.003, 2000000);  // 2 ms lost while 2 MB arrived
-  p.OnDecoderLoss(0.004, 0.004, 0);        // nothing arrived: not counted
-  p.OnDecoderLoss(0.009, 0.003, 0);        // lost to other work: not counted
-  p.OnDecoderLoss(0.003, 0.004, 1000000);  // more CPU than wall: malformed
-  p.OnDecoderLoss(0.004, 0.003, 1000000);
+  p.OnDecoderLoss(0.005, 0.003, 2 * kMiB);  // 2 ms lost while 2 MiB arrived
+  p.OnDecoderLoss(0.004, 0.004, 0);         // nothing arrived: not counted
+  p.OnDecoderLoss(0.009, 0.003, 0);         // lost to other work: not counted
+  p.OnDecoderLoss(0.003, 0.004, kMiB);      // more CPU than wall: malformed
+  p.OnDecoderLoss(0.004, 0.003, kMiB);
   EXPECT_FALSE(p.receive_cost_measured()) << "2 samples";
-  p.OnDecoderLoss(0.003, 0.003, 1000000);
+  p.OnDecoderLoss(0.003, 0.003, kMiB);
   ASSERT_TRUE(p.receive_cost_measured());
-  EXPECT_DOUBLE_EQ(p.ReceiveCost(), 0.003 / 4000000.0);
+  EXPECT_DOUBLE_EQ(p.ReceiveCost(), 0.003 / (4.0 * kMiB));
+
+  // A slow link: a few KB per decode, and any time lost to other work would
+  // read as a large cost per byte. Not measured until 4 MiB arrived.
+  LevelPlanner slow(Chunks(4), o);
+  for (int i = 0; i < 10; ++i) slow.OnDecoderLoss(0.004, 0.003, 44 << 10);
+  EXPECT_FALSE(slow.receive_cost_measured());
+  EXPECT_DOUBLE_EQ(slow.ReceiveCost(), 2e-9);
 }
 
 TEST(Planner, ReceiveCostMakesDecodeBoundPlansCoarser) {
