@@ -87,6 +87,10 @@ struct ClientOptions {
   int connect_timeout_ms = 2000;
   int read_timeout_ms = 10000;
   int write_timeout_ms = 10000;
+  // A chunk larger than this is refused as it arrives (kIOError), so that a
+  // broken or hostile server cannot make the client allocate without bound;
+  // the service's own limit on stored frames is ServiceOptions::max_body_bytes.
+  uint64_t max_frame_bytes = 64ull << 20;
 };
 
 // A ChunkStore backed by a cachegen service at `url` ("http://host:port").

@@ -41,6 +41,7 @@ class HttpStore final : public ChunkStore, public PrefixLookupProvider, public P
     // Content-Length: received into a string and copied, a frame cost two
     // more copies of itself, and page faults on each fresh copy.
     bool abandoned = false;  // the caller's progress said stop
+    bool oversized = false;  // more than max_frame_bytes
     int status = 0;
     std::vector<uint8_t> bytes;
     std::string error_body;  // the answer to a failed request, for its message
@@ -48,22 +49,39 @@ class HttpStore final : public ChunkStore, public PrefixLookupProvider, public P
       status = r.status;
       bytes.clear();
       error_body.clear();
-      if (status == 200) bytes.reserve(std::min(HeaderNumber(r, "Content-Length").value_or(0), kMaxReserve));
-      return true;
+      if (status != 200) return true;
+      const uint64_t length = HeaderNumber(r, "Content-Length").value_or(0);
+      oversized = length > options_.max_frame_bytes;
+      if (!oversized) bytes.reserve(length);
+      return !oversized;
     };
     auto on_body = [&](const char* data, size_t n) {
       if (status != 200) {
         if (error_body.size() < kMaxErrorBody) error_body.append(data, std::min(n, kMaxErrorBody - error_body.size()));
         return true;
       }
+      oversized = n > options_.max_frame_bytes - bytes.size();
+      if (oversized) return false;
       bytes.insert(bytes.end(), reinterpret_cast<const uint8_t*>(data), reinterpret_cast<const uint8_t*>(data) + n);
       abandoned = progress && !progress(bytes.size());
       return !abandoned;
     };
-    auto res = Send([&](httplib::Client& c) { return c.Get(Path(key, level), Headers(), on_response, on_body); },
-                    &abandoned);
+    bool ended = false;  // abandoned or oversized: not sent again
+    auto res = Send(
+        [&](httplib::Client& c) {
+          auto r = c.Get(Path(key, level), Headers(), on_response, on_body);
+          ended = abandoned || oversized;
+          return r;
+        },
+        &ended);
     if (!res) {
       if (abandoned) return Status::IOError("service " + url_ + ": cancelled");
+      if (oversized) {
+        misses_++;
+        return Status::IOError("service " + url_ + ": chunk " + key.Hex() + "/" + std::to_string(level) +
+                               " is larger than the client's limit of " + std::to_string(options_.max_frame_bytes) +
+                               " bytes");
+      }
       misses_++;
       return NetError(res.error());
     }
@@ -159,14 +177,14 @@ class HttpStore final : public ChunkStore, public PrefixLookupProvider, public P
   // idempotent (PUT stores the same bytes again, lookup only reads), so one
   // that failed in transport, with no answer (a kept-alive connection the
   // server had closed, a connection lost while the server's accept queue was
-  // full), is sent once more on a new connection; one the caller abandoned
-  // (*abandoned set by its progress callback) is not.
+  // full), is sent once more on a new connection; one the caller ended
+  // itself (*ended set by its callbacks: abandoned, or refused) is not.
   template <typename F>
-  httplib::Result Send(const F& request, const bool* abandoned = nullptr) {
+  httplib::Result Send(const F& request, const bool* ended = nullptr) {
     auto c = Take();
     httplib::Result res = request(*c);
     if (!res && res.error() != httplib::Error::Connection && res.error() != httplib::Error::ConnectionTimeout &&
-        !(abandoned && *abandoned)) {
+        !(ended && *ended)) {
       c = Take(/*fresh=*/true);
       res = request(*c);
     }
@@ -220,10 +238,7 @@ class HttpStore final : public ChunkStore, public PrefixLookupProvider, public P
     if (v.empty() || ec != std::errc() || p != v.data() + v.size()) return std::nullopt;
     return n;
   }
-  // Buffer reserved up front at most (a hostile Content-Length must not
-  // allocate more); a larger frame grows the buffer as it arrives.
-  static constexpr uint64_t kMaxReserve = 64ull << 20;
-  static constexpr size_t kMaxErrorBody = 64 << 10;
+  static constexpr size_t kMaxErrorBody = 64 << 10;  // of an error answer, kept for its message
 
   std::string url_, host_;
   int port_;

@@ -464,6 +464,28 @@ TEST_P(ServiceTest, ProgressReadsReportAndCancel) {
   EXPECT_EQ(*again, frame);
 }
 
+TEST_P(ServiceTest, FramesOverTheClientsLimitAreRefused) {
+  if (GetParam() != "mem") GTEST_SKIP() << "backend-independent";
+  Result<std::vector<std::vector<uint8_t>>> frames = LargeFrame();
+  ASSERT_TRUE(frames.ok());
+  const std::vector<uint8_t>& frame = (*frames)[0];
+  ASSERT_TRUE(client_->Put(kKey, 0, frame).ok());
+  ClientOptions small;
+  small.max_frame_bytes = frame.size() - 1;
+  auto limited = ConnectService(Url(), small);
+  ASSERT_TRUE(limited.ok());
+  const Status refused = (*limited)->Get(kKey, 0).status();
+  EXPECT_EQ(refused.code(), StatusCode::kIOError);
+  EXPECT_NE(refused.message().find("larger than the client's limit"), std::string::npos) << refused.ToString();
+  EXPECT_EQ((*limited)->stats().misses, 1u);
+  small.max_frame_bytes = frame.size();
+  auto exact = ConnectService(Url(), small);
+  ASSERT_TRUE(exact.ok());
+  auto got = (*exact)->Get(kKey, 0);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, frame);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, ServiceTest, ::testing::Values("mem", "file"));
 
 TEST(Rates, ParseRatesAndTraces) {
