@@ -12,6 +12,7 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <utility>
 
 #include "common/parallel.h"
 #include "stream/progress_get.h"
@@ -241,7 +242,7 @@ class FetchDecoder {
   // and not taken yet, from its backup or not.
   bool Has(uint32_t c, bool from_backup) const {
     std::lock_guard<std::mutex> lock(mu_);
-    if (running_ && running_chunk_ == c && running_from_backup_ == from_backup) return true;
+    if (running_ == std::make_pair(c, from_backup)) return true;
     if (waiting_ && waiting_->chunk == c && waiting_->from_backup == from_backup) return true;
     return std::any_of(finished_.begin(), finished_.end(),
                        [&](const DecodeResult& r) { return r.chunk == c && r.from_backup == from_backup; });
@@ -256,15 +257,11 @@ class FetchDecoder {
     std::lock_guard<std::mutex> lock(mu_);
     return !running_ && !waiting_ && finished_.empty();
   }
-  // The chunk of the task waiting, if any.
-  std::optional<uint32_t> waiting_chunk() const {
+  // The task waiting, taken back before it started, if it is for a chunk
+  // after `c` (whose frame came, and goes first).
+  std::optional<DecodeTask> UnsubmitAfter(uint32_t c) {
     std::lock_guard<std::mutex> lock(mu_);
-    return waiting_ ? std::optional<uint32_t>(waiting_->chunk) : std::nullopt;
-  }
-  // The task waiting, taken back before it started (an earlier chunk's
-  // frame came, and goes first).
-  std::optional<DecodeTask> Unsubmit() {
-    std::lock_guard<std::mutex> lock(mu_);
+    if (!waiting_ || waiting_->chunk <= c) return std::nullopt;
     std::optional<DecodeTask> t = std::move(waiting_);
     waiting_.reset();
     return t;
@@ -299,13 +296,11 @@ class FetchDecoder {
       if (stop_) return;
       DecodeTask task = std::move(*waiting_);
       waiting_.reset();
-      running_ = true;
-      running_chunk_ = task.chunk;
-      running_from_backup_ = task.from_backup;
+      running_ = std::make_pair(task.chunk, task.from_backup);
       lock.unlock();
       DecodeResult r = Decode(std::move(task));
       lock.lock();
-      running_ = false;
+      running_.reset();
       finished_.push_back(std::move(r));
       lock.unlock();
       fetcher_->Wake();
@@ -331,9 +326,7 @@ class FetchDecoder {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::optional<DecodeTask> waiting_;
-  bool running_ = false;
-  uint32_t running_chunk_ = 0;
-  bool running_from_backup_ = false;
+  std::optional<std::pair<uint32_t, bool>> running_;  // chunk, from_backup
   std::deque<DecodeResult> finished_;
   bool stop_ = false;
   std::thread thread_;  // last: started once the rest is set up
@@ -689,11 +682,8 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
         continue;
       }
       if (c > next_deliver && waiting >= options.read_ahead) return;
-      if (decoder.full()) {
-        const std::optional<uint32_t> queued = decoder.waiting_chunk();
-        if (!queued || *queued < c) return;
-        if (std::optional<DecodeTask> back = decoder.Unsubmit()) give_back(std::move(back->kv));
-      }
+      if (std::optional<DecodeTask> back = decoder.UnsubmitAfter(c)) give_back(std::move(back->kv));
+      if (decoder.full()) return;
       start_decode(c, d);
       waiting += c > next_deliver;
     }
@@ -763,8 +753,9 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
     chunk.kv = &out.kv;
     if (on_chunk) on_chunk(chunk);
     result.decode_ms += out.wall_s() * 1000.0;
-    planner.OnProcessed(decode_cost_s(out) + Seconds(handed0, Clock::now()), static_cast<int>(d.ticket->level));
-    decoded_s += decode_cost_s(out);
+    const double cost_s = decode_cost_s(out);
+    planner.OnProcessed(cost_s + Seconds(handed0, Clock::now()), static_cast<int>(d.ticket->level));
+    decoded_s += cost_s;
     decoded_tokens += chunk_tokens[i];
     result.levels[i] = static_cast<int>(d.ticket->level);
     give_back(std::move(out.kv));

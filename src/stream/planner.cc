@@ -238,11 +238,13 @@ Plan LevelPlanner::Solve(uint32_t first, double elapsed_s, uint64_t kept_bytes, 
   // Decoder time lost to receiving a byte (planner.h, "Receiving shares the
   // CPU"); a slot's decode time below counts its bytes' share.
   const double lost_per_byte = ReceiveCost();
-  const double kept_lost_s = lost_per_byte * static_cast<double>(kept_bytes);
+  // Decoder time already committed: the decodes pending and what the bytes
+  // still to come of requests in flight cost it.
+  const double committed_decode_s = pending_decode_s + lost_per_byte * static_cast<double>(kept_bytes);
   // Two stages in a row: the link, then the decoder (one chunk at a time).
   auto expected = [&](uint64_t fetch_bytes, double decode_s, uint64_t recompute_tokens) {
     const double transfer = static_cast<double>(kept_bytes + fetch_bytes) / bw + tail_s_;
-    const double decode = (pending_decode_s + kept_lost_s + decode_s) / dsafety;
+    const double decode = (committed_decode_s + decode_s) / dsafety;
     return std::max(transfer, decode) + recompute_s(recompute_tokens);
   };
 
@@ -291,7 +293,7 @@ Plan LevelPlanner::Solve(uint32_t first, double elapsed_s, uint64_t kept_bytes, 
   // 1. The finest uniform level that fits both stages, then upgrades one
   // level finer, earliest chunks first, while both still fit.
   const double byte_budget = (left - forced_s - tail_s_) * bw - static_cast<double>(kept_bytes);
-  const double decode_budget = (left - forced_s) * dsafety - pending_decode_s - kept_lost_s;
+  const double decode_budget = (left - forced_s) * dsafety - committed_decode_s;
   auto upgrade = [&](double byte_slack, double decode_slack, uint64_t* total, double* decode) {
     for (size_t k = 0; k < slots.size(); ++k) {
       if (level[k] < 0) continue;
@@ -363,7 +365,7 @@ Plan LevelPlanner::Solve(uint32_t first, double elapsed_s, uint64_t kept_bytes, 
     // plan does not model (measured at 10 Gbit/s: 1-2 backups per fetch,
     // and the median later than the client without them).
     const bool link_bound = static_cast<double>(kept_bytes + total) / bw + tail_s_ >=
-                            (pending_decode_s + kept_lost_s + decode) / dsafety;
+                            (committed_decode_s + decode) / dsafety;
     const bool exposed = options_.hedge && options_.hedge_drop > 1 && link_bound &&
                          coarse / (bandwidth_ / options_.hedge_drop) + tail_s_ > left - forced_s;
     for (size_t k = slots.size(); exposed && k-- > n_inflight;) {

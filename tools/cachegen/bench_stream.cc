@@ -93,11 +93,15 @@ int RunBenchStream(const BenchStreamArgs& a) {
   // One client per store for every run, as a serving engine keeps one: its
   // decoded tensors are reused from fetch to fetch (StreamClient).
   StreamClient local_client(store->get());
+  auto untimed = [&](int level) {  // no deadline to speak of, one fixed level
+    StreamOptions o;
+    o.deadline_ms = 1e9;
+    o.fixed_level = level;
+    o.decode_threads = a.decode_threads;
+    return o;
+  };
   auto local_ms = [&](int level) -> Result<double> {
-    StreamOptions local;
-    local.deadline_ms = 1e9;
-    local.fixed_level = level;
-    local.decode_threads = a.decode_threads;
+    const StreamOptions local = untimed(level);
     std::vector<double> ms;
     for (int rep = 0; rep < 6; ++rep) {
       Result<StreamResult> dec = local_client.FetchTokens(root, tokens, a.chunk_tokens, local, nullptr);
@@ -165,15 +169,9 @@ int RunBenchStream(const BenchStreamArgs& a) {
     // engine's client has fetched before (its tensors are in memory, its
     // machine's decode costs measured: StreamClient).
     StreamClient remote_client(remote->get());
-    {
-      StreamOptions o;
-      o.deadline_ms = 1e9;
-      o.fixed_level = 0;
-      o.decode_threads = a.decode_threads;
-      link_ptr->Restart();
-      Result<StreamResult> r = remote_client.FetchTokens(root, tokens, a.chunk_tokens, o, nullptr);
-      if (!r.ok()) return Fail(r.status());
-    }
+    link_ptr->Restart();
+    if (Result<StreamResult> r = remote_client.FetchTokens(root, tokens, a.chunk_tokens, untimed(0), nullptr); !r.ok())
+      return Fail(r.status());
     const double level0_s = TransferSeconds(tr, level_bytes[0]);
     for (double f : factors) {
       Result<double> decode_ms = local_ms(0);
