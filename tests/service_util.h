@@ -4,18 +4,22 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cachegen/codec.h"
@@ -67,6 +71,86 @@ inline std::string RawRequest(int port, const std::string& request, bool half_cl
   ::close(fd);
   return out;
 }
+
+// A loopback server that answers each request (read up to its blank line;
+// requests with bodies are not expected) with canned bytes, to test the
+// client against broken and hostile servers. answer(n) gives the bytes for
+// the n-th request (0-based); an empty answer says nothing and holds the
+// connection until the client gives up. With close_after, the connection is
+// closed after each answer (without "Connection: close"). One connection at
+// a time, on one thread.
+class ScriptedServer {
+ public:
+  ScriptedServer(std::function<std::string(int)> answer, bool close_after)
+      : answer_(std::move(answer)), close_after_(close_after) {
+    listen_fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    if (listen_fd_ < 0 || ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+        ::listen(listen_fd_, 16) != 0 || ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      ADD_FAILURE() << "scripted server: no loopback socket";
+      return;
+    }
+    port_ = ntohs(addr.sin_port);
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~ScriptedServer() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+    if (listen_fd_ >= 0) ::close(listen_fd_);
+  }
+  int port() const { return port_; }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  int requests() const { return requests_.load(); }
+
+ private:
+  // Waits up to 20 ms for fd to be readable; false on timeout.
+  static bool Readable(int fd) {
+    pollfd p{fd, POLLIN, 0};
+    return ::poll(&p, 1, 20) > 0;
+  }
+  void Run() {
+    while (!stop_) {
+      if (!Readable(listen_fd_)) continue;
+      const int fd = ::accept(listen_fd_, nullptr, nullptr);
+      if (fd < 0) continue;
+      Serve(fd);
+      ::close(fd);
+    }
+  }
+  void Serve(int fd) {
+    std::string in;
+    char buf[4096];
+    while (!stop_) {
+      if (!Readable(fd)) continue;
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) return;  // the client closed it
+      in.append(buf, static_cast<size_t>(n));
+      size_t end;
+      while ((end = in.find("\r\n\r\n")) != std::string::npos) {
+        in.erase(0, end + 4);
+        const std::string out = answer_(requests_++);
+        if (out.empty()) continue;  // say nothing: the client times out
+        size_t sent = 0;
+        while (sent < out.size()) {
+          const ssize_t k = ::send(fd, out.data() + sent, out.size() - sent, MSG_NOSIGNAL);
+          if (k <= 0) return;
+          sent += static_cast<size_t>(k);
+        }
+        if (close_after_) return;
+      }
+    }
+  }
+
+  std::function<std::string(int)> answer_;
+  bool close_after_;
+  int listen_fd_ = -1, port_ = 0;
+  std::atomic<int> requests_{0};
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
 
 // The status code of a raw response ("HTTP/1.1 400 Bad Request" -> 400), 0 if none.
 inline int StatusOf(const std::string& response) {
