@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <map>
 #include <string>
 
@@ -24,6 +25,7 @@ struct BenchStreamArgs {
   std::string factors = "0.3,0.5,0.75,1,1.5";
   std::string traces = "0.1gbit,1gbit,10gbit,drop";
   bool previous = false;  // also run the client without measured margins and hedging
+  uint32_t receive_path = 20;  // level-0 fetches of the receive-path report, each way (0 = none)
 };
 
 struct Trace {
@@ -59,6 +61,45 @@ double TransferSeconds(const Trace& tr, double bytes) {
     moved += take;
   }
   return s;
+}
+
+// Level-0 fetches of the context alternating between the local store and a
+// 10 Gbit/s link (an in-process service, as in the table): at that rate the
+// decoder is the bottleneck, so what the link adds is the cost of receiving
+// (and, in one process, of serving). Prints medians of n each way.
+Status ReceivePathReport(ChunkStore* store, const ChunkKey& root, std::span<const TokenId> tokens, uint32_t chunk_tokens,
+                         uint32_t n, StreamClient& local, const StreamOptions& options) {
+  ServiceOptions sopts;
+  sopts.threads = 16;
+  sopts.link = std::make_shared<LinkShaper>(std::vector<RateStep>{{0, 10e9 / 8}});
+  Result<std::unique_ptr<Service>> svc = Service::Start(store, sopts);
+  if (!svc.ok()) return svc.status();
+  Result<std::unique_ptr<ChunkStore>> remote = ConnectService("http://127.0.0.1:" + std::to_string((*svc)->port()));
+  if (!remote.ok()) return remote.status();
+  StreamClient linked(remote->get());
+  std::vector<double> ms[2], decode_ms[2], cpu_ms[2], lost;
+  for (uint32_t rep = 0; rep <= n; ++rep) {  // rep 0 warms the linked client up
+    for (int way = 0; way < 2; ++way) {
+      sopts.link->Restart();
+      const std::clock_t c0 = std::clock();
+      Result<StreamResult> r = (way ? linked : local).FetchTokens(root, tokens, chunk_tokens, options, nullptr);
+      const double cpu = 1000.0 * static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;
+      if (!r.ok()) return r.status();
+      if (rep == 0) continue;
+      ms[way].push_back(r->elapsed_ms);
+      decode_ms[way].push_back(r->decode_ms);
+      cpu_ms[way].push_back(cpu);
+      if (way) lost.push_back(r->receive_cost_ns_per_byte);
+    }
+  }
+  remote->reset();
+  (*svc)->Stop();
+  std::printf("\nReceive path (level 0, %u fetches each way, alternating; medians): local %.1f ms (decode %.1f, CPU %.1f), "
+              "over a 10 Gbit/s link %.1f ms (decode %.1f, CPU %.1f, client and service); the decoder lost %.2f ns per "
+              "byte received\n",
+              n, Median(ms[0]), Median(decode_ms[0]), Median(cpu_ms[0]), Median(ms[1]), Median(decode_ms[1]),
+              Median(cpu_ms[1]), Median(lost));
+  return Status::Ok();
 }
 
 int RunBenchStream(const BenchStreamArgs& a) {
@@ -288,6 +329,10 @@ int RunBenchStream(const BenchStreamArgs& a) {
     remote->reset();
     (*svc)->Stop();
   }
+  if (a.receive_path > 0) {
+    const Status st = ReceivePathReport(store->get(), root, tokens, a.chunk_tokens, a.receive_path, local_client, untimed(0));
+    if (!st.ok()) return Fail(st);
+  }
   std::printf("\nPer trial (one rep of one row):\n%-10s %7s %14s %11s %10s %10s %20s\n", "client", "met%",
               "met%feasible", "mean-level", "MB/trial", "recomp/tr", "not-worse-than-best");
   for (const std::string& name : names) {
@@ -329,6 +374,9 @@ const bool kRegistered = RegisterCommand(45, [](CLI::App& root) -> CommandRunner
   sub->add_flag("--previous", a->previous,
                "Also run the adaptive client with the configured margins and no backups (the client before "
                "measured margins and hedging), interleaved with the others");
+  sub->add_option("--receive-path", a->receive_path,
+                  "Level-0 fetches each way (local, 10 Gbit/s link), alternating, for the receive-path line (0 = none)")
+      ->capture_default_str();
   sub->add_option("--recompute-tps", a->recompute_tps, "Engine recompute speed (tokens/s; 0 = never)")
       ->capture_default_str();
   sub->add_option("--deadline-factors", a->factors,
