@@ -84,9 +84,9 @@ class Service {
 
 struct ClientOptions {
   std::string token;  // sent as "Authorization: Bearer <token>" when not empty
-  int connect_timeout_ms = 2000;
-  int read_timeout_ms = 10000;
-  int write_timeout_ms = 10000;
+  int connect_timeout_ms = 2000;  // to open a connection (name lookup not included)
+  int read_timeout_ms = 10000;    // for each receive: a server silent this long has stalled
+  int write_timeout_ms = 10000;   // to send a whole request, body included
   // A chunk larger than this is refused as it arrives (kIOError), so that a
   // broken or hostile server cannot make the client allocate without bound;
   // the service's own limit on stored frames is ServiceOptions::max_body_bytes.
@@ -97,8 +97,11 @@ struct ClientOptions {
 // Thread-safe: concurrent calls use separate keep-alive connections. Reads
 // are checked with InspectFrame (payload checksums are verified on decode);
 // a frame that fails is a miss counted in stats().corrupt. HTTP 404 is
-// kNotFound; 401/403 and other 4xx are kInvalidArgument; network failures
-// and 5xx are kIOError. LookupPrefix on this store is one POST /v1/lookup.
+// kNotFound; 401/403 and other 4xx are kInvalidArgument; network failures,
+// malformed or truncated answers, timeouts and 5xx are kIOError. A request
+// that failed in transport is sent once more on a new connection (every
+// request is idempotent), unless no connection could be made or the caller
+// abandoned it. LookupPrefix on this store is one POST /v1/lookup.
 Result<std::unique_ptr<ChunkStore>> ConnectService(const std::string& url, const ClientOptions& options = {});
 
 }  // namespace cachegen
