@@ -37,8 +37,12 @@ class Connection {
  public:
   Connection() { buffer_.reserve(kReadBytes); }  // Beast reads what the buffer holds, at most 64 KiB
 
-  beast::error_code Connect(const tcp::resolver::results_type& endpoints, int timeout_ms) {
-    beast::error_code ec = Run(timeout_ms, [&](auto done) {
+  // Resolves host (not bounded by the timeout) and connects.
+  beast::error_code Connect(const std::string& host, int port, int timeout_ms) {
+    beast::error_code ec;
+    const tcp::resolver::results_type endpoints = tcp::resolver(io_).resolve(host, std::to_string(port), ec);
+    if (ec) return ec;
+    ec = Run(timeout_ms, [&](auto done) {
       stream_.async_connect(endpoints, [done](beast::error_code e, const tcp::endpoint&) { done(e, 0); });
     });
     beast::error_code ignored;  // requests are small and answered at once: send them without delay
@@ -104,7 +108,7 @@ class HttpStore final : public ChunkStore, public PrefixLookupProvider, public P
 
   Result<std::vector<uint8_t>> GetWithProgress(const ChunkKey& key, uint32_t level,
                                                const Progress& progress) override {
-    Exchange x = Send(http::verb::get, Path(key, level), {}, nullptr, &progress);
+    Exchange x = Send(http::verb::get, Path(key, level), {}, nullptr, progress);
     if (x.error) {
       if (x.abandoned) return Status::IOError("service " + url_ + ": cancelled");
       misses_++;
@@ -207,7 +211,7 @@ class HttpStore final : public ChunkStore, public PrefixLookupProvider, public P
   // one that found no connection, or that the caller or the size limit
   // ended, is not.
   Exchange Send(http::verb verb, const std::string& target, std::span<const uint8_t> body, const char* content_type,
-                const Progress* progress = nullptr) {
+                const Progress& progress = {}) {
     std::unique_ptr<Connection> c = Take();
     Exchange x = Attempt(c, verb, target, body, content_type, progress);
     if (x.error && !x.connect_failed && !x.abandoned && !x.oversized) {
@@ -220,11 +224,11 @@ class HttpStore final : public ChunkStore, public PrefixLookupProvider, public P
 
   // One try on `c` (connected first when null).
   Exchange Attempt(std::unique_ptr<Connection>& c, http::verb verb, const std::string& target,
-                   std::span<const uint8_t> body, const char* content_type, const Progress* progress) {
+                   std::span<const uint8_t> body, const char* content_type, const Progress& progress) {
     Exchange x;
     if (!c) {
       c = std::make_unique<Connection>();
-      x.error = Connect(*c);
+      x.error = c->Connect(host_, port_, options_.connect_timeout_ms);
       if (x.error) {
         x.connect_failed = true;
         return x;
@@ -246,7 +250,7 @@ class HttpStore final : public ChunkStore, public PrefixLookupProvider, public P
       x.oversized = x.error == http::error::body_limit || x.error == http::error::buffer_overflow;
       if (x.error) return x;
       const bool frame_arriving = parser.is_header_done() && parser.get().result_int() == 200;
-      if (frame_arriving && progress && *progress && !(*progress)(parser.get().body().size())) {
+      if (frame_arriving && progress && !progress(parser.get().body().size())) {
         x.abandoned = true;
         x.error = net::error::operation_aborted;
         return x;
@@ -254,17 +258,6 @@ class HttpStore final : public ChunkStore, public PrefixLookupProvider, public P
     } while (!parser.is_done());
     x.answer = parser.release();
     return x;
-  }
-
-  beast::error_code Connect(Connection& c) {
-    beast::error_code ec;
-    tcp::resolver::results_type endpoints;
-    {
-      net::io_context io;
-      endpoints = tcp::resolver(io).resolve(host_, std::to_string(port_), ec);
-    }
-    if (ec) return ec;
-    return c.Connect(endpoints, options_.connect_timeout_ms);
   }
 
   // A keep-alive connection from the pool, or none (Attempt makes one).

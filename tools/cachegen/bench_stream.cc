@@ -63,24 +63,46 @@ double TransferSeconds(const Trace& tr, double bytes) {
   return s;
 }
 
+// An in-process service over `store` whose GETs pass one shared LinkShaper
+// (the emulated link), and a service client connected to it.
+struct LinkedService {
+  std::unique_ptr<Service> service;
+  std::unique_ptr<ChunkStore> client;
+  std::shared_ptr<LinkShaper> link;
+  ~LinkedService() {
+    client.reset();  // its keep-alive connections close before the service stops
+    if (service) service->Stop();
+  }
+};
+
+Result<std::unique_ptr<LinkedService>> StartLinkedService(ChunkStore* store, std::vector<RateStep> steps) {
+  auto linked = std::make_unique<LinkedService>();
+  ServiceOptions sopts;
+  sopts.threads = 16;
+  sopts.link = linked->link = std::make_shared<LinkShaper>(std::move(steps));
+  Result<std::unique_ptr<Service>> svc = Service::Start(store, sopts);
+  if (!svc.ok()) return svc.status();
+  linked->service = std::move(svc).value();
+  Result<std::unique_ptr<ChunkStore>> client =
+      ConnectService("http://127.0.0.1:" + std::to_string(linked->service->port()));
+  if (!client.ok()) return client.status();
+  linked->client = std::move(client).value();
+  return linked;
+}
+
 // Level-0 fetches of the context alternating between the local store and a
 // 10 Gbit/s link (an in-process service, as in the table): at that rate the
 // decoder is the bottleneck, so what the link adds is the cost of receiving
 // (and, in one process, of serving). Prints medians of n each way.
 Status ReceivePathReport(ChunkStore* store, const ChunkKey& root, std::span<const TokenId> tokens, uint32_t chunk_tokens,
                          uint32_t n, StreamClient& local, const StreamOptions& options) {
-  ServiceOptions sopts;
-  sopts.threads = 16;
-  sopts.link = std::make_shared<LinkShaper>(std::vector<RateStep>{{0, 10e9 / 8}});
-  Result<std::unique_ptr<Service>> svc = Service::Start(store, sopts);
+  Result<std::unique_ptr<LinkedService>> svc = StartLinkedService(store, {{0, 10e9 / 8}});
   if (!svc.ok()) return svc.status();
-  Result<std::unique_ptr<ChunkStore>> remote = ConnectService("http://127.0.0.1:" + std::to_string((*svc)->port()));
-  if (!remote.ok()) return remote.status();
-  StreamClient linked(remote->get());
+  StreamClient linked((*svc)->client.get());
   std::vector<double> ms[2], decode_ms[2], cpu_ms[2], lost;
   for (uint32_t rep = 0; rep <= n; ++rep) {  // rep 0 warms the linked client up
     for (int way = 0; way < 2; ++way) {
-      sopts.link->Restart();
+      (*svc)->link->Restart();
       const std::clock_t c0 = std::clock();
       Result<StreamResult> r = (way ? linked : local).FetchTokens(root, tokens, chunk_tokens, options, nullptr);
       const double cpu = 1000.0 * static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;
@@ -92,8 +114,6 @@ Status ReceivePathReport(ChunkStore* store, const ChunkKey& root, std::span<cons
       if (way) lost.push_back(r->receive_cost_ns_per_byte);
     }
   }
-  remote->reset();
-  (*svc)->Stop();
   std::printf("\nReceive path (level 0, %u fetches each way, alternating; medians): local %.1f ms (decode %.1f, CPU %.1f), "
               "over a 10 Gbit/s link %.1f ms (decode %.1f, CPU %.1f, client and service); the decoder lost %.2f ns per "
               "byte received\n",
@@ -158,8 +178,6 @@ int RunBenchStream(const BenchStreamArgs& a) {
     local_level_ms.push_back(*ms);
   }
 
-  ServiceOptions sopts;
-  sopts.threads = 16;
   std::vector<Trace> traces = {{"0.1gbit", {{0, 0.1e9 / 8}}}, {"1gbit", {{0, 1e9 / 8}}}, {"10gbit", {{0, 10e9 / 8}}}};
   const double drop_at = 0.4 * level_bytes[0] / (1e9 / 8);
   char drop_name[64];
@@ -199,17 +217,13 @@ int RunBenchStream(const BenchStreamArgs& a) {
   const size_t kAdaptive = a.previous ? 3 : 2;  // clients before the fixed ones
   for (const Trace& tr : traces) {
     double warm_bandwidth = 0;
-    sopts.link = std::make_shared<LinkShaper>(tr.steps);
-    LinkShaper* link_ptr = sopts.link.get();
-    Result<std::unique_ptr<Service>> svc = Service::Start(store->get(), sopts);
+    Result<std::unique_ptr<LinkedService>> svc = StartLinkedService(store->get(), tr.steps);
     if (!svc.ok()) return Fail(svc.status());
-    Result<std::unique_ptr<ChunkStore>> remote =
-        ConnectService("http://127.0.0.1:" + std::to_string((*svc)->port()));
-    if (!remote.ok()) return Fail(remote.status());
+    LinkShaper* link_ptr = (*svc)->link.get();
     // One untimed fetch first, as the local client's warm-up: a serving
     // engine's client has fetched before (its tensors are in memory, its
     // machine's decode costs measured: StreamClient).
-    StreamClient remote_client(remote->get());
+    StreamClient remote_client((*svc)->client.get());
     link_ptr->Restart();
     if (Result<StreamResult> r = remote_client.FetchTokens(root, tokens, a.chunk_tokens, untimed(0), nullptr); !r.ok())
       return Fail(r.status());
@@ -326,8 +340,6 @@ int RunBenchStream(const BenchStreamArgs& a) {
                     static_cast<unsigned>(met_count[l + kAdaptive]), reps, med_ms[l + kAdaptive]);
       std::printf("\n");
     }
-    remote->reset();
-    (*svc)->Stop();
   }
   if (a.receive_path > 0) {
     const Status st = ReceivePathReport(store->get(), root, tokens, a.chunk_tokens, a.receive_path, local_client, untimed(0));
