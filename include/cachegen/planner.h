@@ -15,7 +15,8 @@
 //     max((outstanding bytes + planned bytes) / B + tail,
 //         pending decode + planned decode) + recompute tokens / R <= left
 // where tail is the time to process the last chunk after it arrived, and
-// decode times per level are learned from the chunks processed so far.
+// decode times per level are learned from the chunks processed so far (and
+// from earlier fetches' per level, scaled to this fetch's: DecodeSeconds).
 // (B and the decode stage are both derated by `safety`.)
 // Receiving shares the CPU with the decoder: where the machine has no core
 // to spare (measured on a 2-core VM at 10 Gbit/s over loopback HTTP: the
@@ -121,6 +122,12 @@ struct PlannerOptions {
   // Decode seconds per token until a chunk was processed (a client's
   // earlier fetches on this machine); 0 = unknown (decodes cost nothing).
   double decode_s_per_token = 0;
+  // Per level (index = level), decode seconds per token measured over a
+  // client's earlier fetches on this machine; 0 or absent = not measured.
+  // They give the levels' decode times relative to each other, which one
+  // fetch cannot learn in time (DecodeSeconds); the machine's speed now is
+  // taken from the chunks this fetch processes.
+  std::vector<double> level_decode_s_per_token;
 };
 
 // Spread of the link's goodput, measured over disjoint segments of the
@@ -183,18 +190,26 @@ class LevelPlanner {
   // Replaces the estimate (bytes/s) by one made elsewhere (RateEstimator);
   // ignored unless > 0.
   void SetBandwidth(double bytes_per_s);
-  // Time to process a chunk after it arrived (decode), smoothed like
-  // bandwidth; with its level (>= 0) it also feeds that level's decode
-  // estimate (DecodeSeconds).
-  void OnProcessed(double seconds, int level = -1);
-  // Estimated decode time of chunk c at `level`: the smoothed time seen at
-  // that level once it has been seen 3 times; for a level seen less, the
-  // nearest level seen 3 times, else the smoothed time of every level seen
-  // (the decoder's work is per value, which every level has the same number
-  // of: measured, a coarse level decodes about as fast as a fine one, and
-  // one fast sample on a loaded machine must not make it look faster);
-  // before any chunk was processed, PlannerOptions::decode_s_per_token x the
-  // chunk's tokens.
+  // Time to process a chunk of `tokens` tokens after it arrived (decode),
+  // smoothed like bandwidth; with its level (>= 0) it also feeds that
+  // level's decode estimate (DecodeSeconds), and with its tokens too, the
+  // machine's speed relative to the per-level prior.
+  void OnProcessed(double seconds, int level = -1, uint32_t tokens = 0);
+  // Estimated decode time of chunk c at `level`:
+  // - the smoothed time seen at that level, once it has been seen 3 times
+  //   (one fast sample on a loaded machine must not make a level look
+  //   faster);
+  // - else, where PlannerOptions::level_decode_s_per_token has the level:
+  //   that x the chunk's tokens x the machine's speed now (the smoothed
+  //   ratio of the times this fetch saw to that prior; 1 before any). A
+  //   coarse level decodes a little faster than a fine one (fewer bits to
+  //   entropy-decode: measured on the 2-core VM, 16 chunks at level 3 took
+  //   4-6 ms less than at level 0, of about 60), which decides deadlines a
+  //   few ms above the decode time, and one fetch sees too few decodes of
+  //   each level to learn it;
+  // - else the nearest level seen 3 times, else the smoothed time of every
+  //   level seen; before any chunk was processed,
+  //   PlannerOptions::decode_s_per_token x the chunk's tokens.
   double DecodeSeconds(uint32_t c, int level) const;
   // A decode ran `wall_s`, of which the decoder's own thread ran `cpu_s`,
   // while `bytes` arrived. ReceiveCost() = the time lost (wall - cpu) over
@@ -278,6 +293,8 @@ class LevelPlanner {
   uint64_t FrameBytes(uint32_t c, int level) const;  // at exactly `level`; 0 if absent
   uint64_t BackupTotal(std::span<const InFlight> backups) const;  // their frames' bytes
   struct Slot;
+  // PlannerOptions::level_decode_s_per_token[level] x tokens; 0 = none.
+  double PriorDecodeSeconds(int level, uint32_t tokens) const;
   // backup[c]: level of chunk c's backup, -1 = none (its bytes still to come
   // are in kept_bytes); backup_total: the frame bytes of every backup.
   Plan Solve(uint32_t first, double elapsed_s, uint64_t kept_bytes, std::span<const InFlight> inflight,
@@ -293,6 +310,8 @@ class LevelPlanner {
   std::vector<int> decode_seen_;     // samples per level
   double decode_any_s_ = 0;          // smoothed over every level
   int decode_samples_ = 0;
+  double prior_speed_ = 1;           // smoothed (decode time seen / per-level prior)
+  bool prior_speed_seen_ = false;
   double decode_sq_residuals_ = 0;   // sum of (sample - its level's estimate before it)^2
   int decode_residuals_ = 0;
   double decoder_lost_s_ = 0;        // OnDecoderLoss sums

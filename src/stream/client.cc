@@ -2,6 +2,7 @@
 #include "cachegen/stream_client.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -11,6 +12,7 @@
 #include <time.h>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <thread>
 #include <utility>
 
@@ -374,11 +376,29 @@ struct StreamClient::TensorPool {
 // token, so that a fetch plans with them from its first requests (before,
 // the first requests of a fetch at 10 Gbit/s on the 2-core VM were planned
 // with decodes that cost nothing: all at the finest level, which a deadline
-// a few ms above the decode time could not afford).
+// a few ms above the decode time could not afford). Per level too: decode
+// seconds and tokens summed over fetches, each fetch's sums halved at the
+// next one, so a level decoded 16 times in one fetch is not outweighed by
+// one decode in the next (PlannerOptions::level_decode_s_per_token).
 struct StreamClient::MachineCosts {
   std::mutex mu;
   double receive_cost_s_per_byte = 0;
   double decode_s_per_token = 0;
+  std::array<double, kMaxChunkLevels> level_decode_s{}, level_tokens{};
+
+  void AddFetch(std::span<const double> decode_s, std::span<const double> tokens) {
+    constexpr double kCarried = 0.5;
+    for (size_t l = 0; l < level_tokens.size(); ++l) {
+      level_decode_s[l] = kCarried * level_decode_s[l] + decode_s[l];
+      level_tokens[l] = kCarried * level_tokens[l] + tokens[l];
+    }
+  }
+  std::vector<double> LevelDecodeSPerToken() const {
+    std::vector<double> out(level_tokens.size(), 0);
+    for (size_t l = 0; l < out.size(); ++l)
+      if (level_tokens[l] > 0) out[l] = level_decode_s[l] / level_tokens[l];
+    return out;
+  }
 };
 
 StreamClient::StreamClient(ChunkStore* store)
@@ -422,6 +442,7 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
     std::lock_guard<std::mutex> lock(costs_->mu);
     popts.receive_cost_s_per_byte = costs_->receive_cost_s_per_byte;
     popts.decode_s_per_token = costs_->decode_s_per_token;
+    popts.level_decode_s_per_token = costs_->LevelDecodeSPerToken();
   }
   LevelPlanner planner(std::move(plan_chunks), popts);
   const bool adaptive = options.fixed_level < 0;
@@ -699,6 +720,7 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
   };
   double decoded_s = 0;  // of the chunks handed over (MachineCosts)
   uint64_t decoded_tokens = 0;
+  std::array<double, kMaxChunkLevels> level_decoded_s{}, level_decoded_tokens{};
   // Takes the finished decode, unless its chunk has since got the frame it
   // was not decoded from (a backup's, when the planned frame came).
   auto collect_decode = [&] {
@@ -754,9 +776,13 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
     if (on_chunk) on_chunk(chunk);
     result.decode_ms += out.wall_s() * 1000.0;
     const double cost_s = decode_cost_s(out);
-    planner.OnProcessed(cost_s + Seconds(handed0, Clock::now()), static_cast<int>(d.ticket->level));
+    planner.OnProcessed(cost_s + Seconds(handed0, Clock::now()), static_cast<int>(d.ticket->level), chunk_tokens[i]);
     decoded_s += cost_s;
     decoded_tokens += chunk_tokens[i];
+    if (d.ticket->level < kMaxChunkLevels) {
+      level_decoded_s[d.ticket->level] += cost_s;
+      level_decoded_tokens[d.ticket->level] += chunk_tokens[i];
+    }
     result.levels[i] = static_cast<int>(d.ticket->level);
     give_back(std::move(out.kv));
     return true;
@@ -790,6 +816,7 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
     std::lock_guard<std::mutex> lock(costs_->mu);
     if (planner.receive_cost_measured()) costs_->receive_cost_s_per_byte = planner.ReceiveCost();
     if (decoded_tokens > 0) costs_->decode_s_per_token = decoded_s / decoded_tokens;
+    costs_->AddFetch(level_decoded_s, level_decoded_tokens);
   }
   return result;
 }

@@ -33,7 +33,7 @@ void LevelPlanner::SetBandwidth(double bytes_per_s) {
   if (bytes_per_s > 0) bandwidth_ = bytes_per_s;
 }
 
-void LevelPlanner::OnProcessed(double seconds, int level) {
+void LevelPlanner::OnProcessed(double seconds, int level, uint32_t tokens) {
   if (!(seconds >= 0)) return;
   auto ewma = [&](double old, bool have) { return have ? options_.smoothing * seconds + (1 - options_.smoothing) * old : seconds; };
   tail_s_ = ewma(tail_s_, have_tail_);
@@ -50,7 +50,19 @@ void LevelPlanner::OnProcessed(double seconds, int level) {
     ++decode_seen_[level];
     decode_any_s_ = ewma(decode_any_s_, decode_samples_ > 0);
     ++decode_samples_;
+    const double prior_s = PriorDecodeSeconds(level, tokens);
+    if (prior_s > 0) {
+      const double speed = seconds / prior_s;
+      prior_speed_ = prior_speed_seen_ ? options_.smoothing * speed + (1 - options_.smoothing) * prior_speed_ : speed;
+      prior_speed_seen_ = true;
+    }
   }
+}
+
+double LevelPlanner::PriorDecodeSeconds(int level, uint32_t tokens) const {
+  const std::vector<double>& prior = options_.level_decode_s_per_token;
+  if (level < 0 || static_cast<size_t>(level) >= prior.size() || !(prior[level] > 0)) return 0;
+  return prior[level] * tokens;
 }
 
 void LevelPlanner::OnDecoderLoss(double wall_s, double cpu_s, uint64_t bytes) {
@@ -75,6 +87,7 @@ double LevelPlanner::DecodeSeconds(uint32_t c, int level) const {
   // the time of every level seen (see planner.h).
   auto trusted = [&](int s) { return s >= 0 && s < levels_ && decode_seen_[s] >= kTrustedSamples; };
   if (trusted(l)) return decode_s_[l];
+  if (const double prior_s = PriorDecodeSeconds(l, chunks_[c].tokens); prior_s > 0) return prior_speed_ * prior_s;
   for (int d = 1; d < levels_; ++d)
     for (int s : {l - d, l + d})
       if (trusted(s)) return decode_s_[s];

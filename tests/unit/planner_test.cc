@@ -191,6 +191,50 @@ TEST(Planner, DecodeTimePriorPerTokenUntilAChunkIsProcessed) {
   EXPECT_DOUBLE_EQ(p.DecodeSeconds(1, 3), 0.004) << "measured replaces the prior";
 }
 
+TEST(Planner, PerLevelDecodePriorScaledToThisFetchsSpeed) {
+  PlannerOptions o = Opts(1.0, 1e9);
+  o.decode_s_per_token = 1e-5;
+  o.level_decode_s_per_token = {1e-5, 0, 0, 0.8e-5};  // levels 1, 2 not measured
+  LevelPlanner p(Chunks(4), o);
+  EXPECT_DOUBLE_EQ(p.DecodeSeconds(0, 3), 256 * 0.8e-5) << "the prior before any chunk";
+  EXPECT_DOUBLE_EQ(p.DecodeSeconds(0, 1), 256 * 1e-5) << "no prior for the level: decode_s_per_token";
+  // This fetch's machine is twice as slow as the prior's (2 x 256 x 1e-5 =
+  // 5.12 ms a level-0 chunk): level 3 keeps its ratio to level 0.
+  p.OnProcessed(0.00512, 0, 256);
+  EXPECT_NEAR(p.DecodeSeconds(1, 3), 2 * 256 * 0.8e-5, 1e-12);
+  EXPECT_DOUBLE_EQ(p.DecodeSeconds(1, 1), 0.00512) << "no prior: the time seen";
+  // A level seen 3 times in this fetch has its own time.
+  p.OnProcessed(0.003, 3, 256);
+  p.OnProcessed(0.003, 3, 256);
+  p.OnProcessed(0.003, 3, 256);
+  EXPECT_DOUBLE_EQ(p.DecodeSeconds(1, 3), 0.003);
+  // Chunks of other sizes scale by their tokens; a chunk processed without
+  // its tokens does not move the speed.
+  const double before = p.DecodeSeconds(1, 0);
+  p.OnProcessed(1.0, 0);
+  EXPECT_NE(p.DecodeSeconds(1, 0), 1.0);
+  EXPECT_DOUBLE_EQ(p.DecodeSeconds(1, 0), before);
+}
+
+TEST(Planner, PerLevelDecodePriorMakesADecodeBoundDeadlineFeasible) {
+  // 4 chunks, a fast link; per chunk, level 0 decodes in 256 x 1e-4 = 25.6
+  // ms, level 2 in 23.0 ms, level 3 in 20.5 ms. 90 ms fit 4 chunks at level
+  // 3, and then three of them one level finer (2.6 ms more each); 110 ms fit
+  // level 0. Without the prior every level decodes alike: infeasible.
+  auto plan_for = [](double deadline_s, bool prior) {
+    PlannerOptions o = Opts(deadline_s, 1e9);
+    o.decode_s_per_token = 1e-4;
+    if (prior) o.level_decode_s_per_token = {1e-4, 0.95e-4, 0.9e-4, 0.8e-4};
+    return LevelPlanner(Chunks(4), o).Replan(0, 0, 0);
+  };
+  EXPECT_FALSE(plan_for(0.09, false).feasible);
+  const Plan tight = plan_for(0.09, true);
+  ASSERT_TRUE(tight.feasible);
+  const std::vector<int> want = {2, 2, 2, 3};
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(tight.decisions[i].level, want[i]) << i;
+  for (auto d : plan_for(0.11, true).decisions) EXPECT_EQ(d.level, 0);
+}
+
 TEST(Planner, ReceiveCostFromDecodesDuringWhichBytesArrived) {
   constexpr uint64_t kMiB = 1 << 20;
   PlannerOptions o = Opts(1.0, 1e9);
