@@ -81,8 +81,9 @@ inline std::string RawRequest(int port, const std::string& request, bool half_cl
 // a time, on one thread.
 class ScriptedServer {
  public:
-  ScriptedServer(std::function<std::string(int)> answer, bool close_after)
-      : answer_(std::move(answer)), close_after_(close_after) {
+  // trickle_ms > 0: each answer goes out a byte at a time, trickle_ms apart.
+  ScriptedServer(std::function<std::string(int)> answer, bool close_after, int trickle_ms = 0)
+      : answer_(std::move(answer)), close_after_(close_after), trickle_ms_(trickle_ms) {
     listen_fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
@@ -135,9 +136,12 @@ class ScriptedServer {
         if (out.empty()) continue;  // say nothing: the client times out
         size_t sent = 0;
         while (sent < out.size()) {
-          const ssize_t k = ::send(fd, out.data() + sent, out.size() - sent, MSG_NOSIGNAL);
+          if (stop_) return;
+          const size_t piece = trickle_ms_ > 0 ? 1 : out.size() - sent;
+          const ssize_t k = ::send(fd, out.data() + sent, piece, MSG_NOSIGNAL);
           if (k <= 0) return;
           sent += static_cast<size_t>(k);
+          if (trickle_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(trickle_ms_));
         }
         if (close_after_) return;
       }
@@ -146,6 +150,7 @@ class ScriptedServer {
 
   std::function<std::string(int)> answer_;
   bool close_after_;
+  int trickle_ms_;
   int listen_fd_ = -1, port_ = 0;
   std::atomic<int> requests_{0};
   std::atomic<bool> stop_{false};

@@ -87,6 +87,10 @@ struct ClientOptions {
   int connect_timeout_ms = 2000;  // to open a connection (name lookup not included)
   int read_timeout_ms = 10000;    // for each receive: a server silent this long has stalled
   int write_timeout_ms = 10000;   // to send a whole request, body included
+  // To send a request and receive its whole answer, as a bound over the two
+  // above: a server that sends a byte now and then (each receive within
+  // read_timeout_ms) is cut off here. Not sent again. 0 = unbounded.
+  int request_timeout_ms = 60000;
   // A chunk larger than this is refused as it arrives (kIOError), so that a
   // broken or hostile server cannot make the client allocate without bound;
   // the service's own limit on stored frames is ServiceOptions::max_body_bytes.
@@ -100,8 +104,9 @@ struct ClientOptions {
 // kNotFound; 401/403 and other 4xx are kInvalidArgument; network failures,
 // malformed or truncated answers, timeouts and 5xx are kIOError. A request
 // that failed in transport is sent once more on a new connection (every
-// request is idempotent), unless no connection could be made or the caller
-// abandoned it. LookupPrefix on this store is one POST /v1/lookup.
+// request is idempotent), unless no connection could be made, the caller
+// abandoned it, the answer was over max_frame_bytes or request_timeout_ms
+// ran out. LookupPrefix on this store is one POST /v1/lookup.
 Result<std::unique_ptr<ChunkStore>> ConnectService(const std::string& url, const ClientOptions& options = {});
 
 }  // namespace cachegen

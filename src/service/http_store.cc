@@ -78,12 +78,37 @@ class Connection {
   beast::flat_buffer buffer_;
 };
 
+// ClientOptions::request_timeout_ms of one try, from sending on: bounds each
+// operation's own timeout by the time left.
+class RequestClock {
+ public:
+  explicit RequestClock(int timeout_ms)
+      : bounded_(timeout_ms > 0), until_(std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms)) {}
+  // The timeout for the next operation: its own, or the time left when less
+  // (at least 1 ms: an operation with no time at all still has to fail).
+  int Bound(int op_timeout_ms) {
+    if (!bounded_) return op_timeout_ms;
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(until_ - std::chrono::steady_clock::now()).count();
+    capped_ = left < op_timeout_ms;
+    return capped_ ? static_cast<int>(std::max<int64_t>(left, 1)) : op_timeout_ms;
+  }
+  // Whether `error` of the last operation is this bound running out.
+  bool Expired(const beast::error_code& error) const { return capped_ && error == beast::error::timeout; }
+
+ private:
+  bool bounded_;
+  bool capped_ = false;
+  std::chrono::steady_clock::time_point until_;
+};
+
 // What one request came back with: an answer, or a transport failure.
 struct Exchange {
   beast::error_code error;  // set when no whole answer came
   bool connect_failed = false;  // no connection: sending again on a new one would fail the same way
   bool abandoned = false;       // the caller's progress said stop
   bool oversized = false;       // the answer was over ClientOptions::max_frame_bytes
+  bool expired = false;         // ClientOptions::request_timeout_ms ran out
   Response answer;
 };
 
@@ -214,7 +239,7 @@ class HttpStore final : public ChunkStore, public PrefixLookupProvider, public P
                 const Progress& progress = {}) {
     std::unique_ptr<Connection> c = Take();
     Exchange x = Attempt(c, verb, target, body, content_type, progress);
-    if (x.error && !x.connect_failed && !x.abandoned && !x.oversized) {
+    if (x.error && !x.connect_failed && !x.abandoned && !x.oversized && !x.expired) {
       c.reset();
       x = Attempt(c, verb, target, body, content_type, progress);
     }
@@ -240,14 +265,20 @@ class HttpStore final : public ChunkStore, public PrefixLookupProvider, public P
     if (content_type) req.set(http::field::content_type, content_type);
     req.body() = {body.data(), body.size()};
     req.prepare_payload();
-    if ((x.error = c->Write(req, options_.write_timeout_ms))) return x;
+    RequestClock clock(options_.request_timeout_ms);
+    x.error = c->Write(req, clock.Bound(options_.write_timeout_ms));
+    if (x.error) {
+      x.expired = clock.Expired(x.error);
+      return x;
+    }
 
     http::response_parser<http::vector_body<uint8_t>> parser;
     parser.body_limit(options_.max_frame_bytes);
     parser.skip(verb == http::verb::head);  // a HEAD answer's Content-Length has no body behind it
     do {
-      x.error = c->ReadSome(parser, options_.read_timeout_ms);
+      x.error = c->ReadSome(parser, clock.Bound(options_.read_timeout_ms));
       x.oversized = x.error == http::error::body_limit || x.error == http::error::buffer_overflow;
+      x.expired = clock.Expired(x.error);
       if (x.error) return x;
       const bool frame_arriving = parser.is_header_done() && parser.get().result_int() == 200;
       if (frame_arriving && progress && !progress(parser.get().body().size())) {
@@ -273,7 +304,12 @@ class HttpStore final : public ChunkStore, public PrefixLookupProvider, public P
     if (pool_.size() < 64) pool_.push_back(std::move(c));
   }
 
-  Status NetError(const Exchange& x) const { return Status::IOError("service " + url_ + ": " + x.error.message()); }
+  Status NetError(const Exchange& x) const {
+    if (x.expired)
+      return Status::IOError("service " + url_ + ": no whole answer within the request timeout (" +
+                             std::to_string(options_.request_timeout_ms) + " ms)");
+    return Status::IOError("service " + url_ + ": " + x.error.message());
+  }
   Status HttpError(const Response& r) const {
     const int status = r.result_int();
     std::string msg = "service " + url_ + ": HTTP " + std::to_string(status);

@@ -88,6 +88,24 @@ TEST(ServiceClient, ASilentServerTimesOut) {
   EXPECT_LT(s, 5.0) << "two tries of a 100 ms read timeout";
 }
 
+TEST(ServiceClient, AServerThatTricklesIsCutOffByTheRequestTimeout) {
+  // A byte every 20 ms: every receive is well within the read timeout, the
+  // whole answer would take over 20 s.
+  ScriptedServer server([](int) { return Answer("200 OK\r\nContent-Length: 1000", std::string(1000, 'x')); }, false,
+                        20);
+  ClientOptions bounded;
+  bounded.read_timeout_ms = 1000;
+  bounded.request_timeout_ms = 300;
+  auto client = Connect(server, bounded);
+  const auto start = std::chrono::steady_clock::now();
+  Status st = client->Get(kKey, 0).status();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(st.code(), StatusCode::kIOError) << st.ToString();
+  EXPECT_NE(st.message().find("request timeout (300 ms)"), std::string::npos) << st.ToString();
+  EXPECT_LT(s, 5.0);
+  EXPECT_EQ(server.requests(), 1) << "a request that ran out of time is not sent again";
+}
+
 TEST(ServiceClient, AConnectionTheServerClosedIsReplacedWithoutAnError) {
   // Every answer keeps the connection alive by HTTP/1.1's rules, and the
   // server closes it anyway: the client's next request finds it dead and

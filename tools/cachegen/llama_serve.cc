@@ -13,6 +13,7 @@
 #include "engine/llama/completion_engine.h"
 #include "kv/io.h"
 #include "serve/completion_server.h"
+#include "stream_cli.h"
 
 namespace cachegen::cli {
 namespace {
@@ -38,10 +39,7 @@ Result<std::unique_ptr<ChunkStore>> OpenCache(const LlamaServeArgs& a) {
   if (!a.cache_server.empty()) {
     ClientOptions co;
     if (!a.token_file.empty()) {
-      Result<std::vector<uint8_t>> tok = ReadFileBytes(a.token_file);
-      if (!tok.ok()) return tok.status();
-      co.token.assign(tok->begin(), tok->end());
-      while (!co.token.empty() && (co.token.back() == '\n' || co.token.back() == '\r')) co.token.pop_back();
+      CG_ASSIGN_OR_RETURN(co.token, ReadTokenFile(a.token_file));
     }
     return ConnectService(a.cache_server, co);
   }
