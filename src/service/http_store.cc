@@ -1,9 +1,9 @@
 // ChunkStore over the HTTP chunk service (ConnectService in include/cachegen/service.h).
 //
-// The client side is Boost.Beast, not cpp-httplib (which the service uses):
-// Debian's cpp-httplib is a compiled library that reads a body 4 KiB per
-// receive, with a poll before each, and at 10 Gbit/s those calls took about a
-// third of a transfer's CPU; Beast reads 64 KiB per receive here.
+// Boost.Beast, like the service (server.cc), not Debian's cpp-httplib: that
+// is a compiled library that reads a body 4 KiB per receive, with a poll
+// before each, and at 10 Gbit/s those calls took about a third of a
+// transfer's CPU; Beast reads 64 KiB per receive here.
 #include <boost/asio/connect.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/beast/core.hpp>
@@ -18,6 +18,7 @@
 
 #include "cachegen/codec.h"
 #include "cachegen/service.h"
+#include "service/blocking_stream.h"
 #include "stream/lookup.h"
 #include "stream/progress_get.h"
 
@@ -30,9 +31,7 @@ namespace net = boost::asio;
 using tcp = net::ip::tcp;
 using Response = http::response<http::vector_body<uint8_t>>;
 
-// One keep-alive connection. Its operations are asynchronous and run to
-// completion on the calling thread by the connection's own io_context,
-// because Beast applies timeouts to asynchronous operations only.
+// One keep-alive connection (BlockingStream: every operation has its timeout).
 class Connection {
  public:
   Connection() { buffer_.reserve(kReadBytes); }  // Beast reads what the buffer holds, at most 64 KiB
@@ -40,41 +39,29 @@ class Connection {
   // Resolves host (not bounded by the timeout) and connects.
   beast::error_code Connect(const std::string& host, int port, int timeout_ms) {
     beast::error_code ec;
-    const tcp::resolver::results_type endpoints = tcp::resolver(io_).resolve(host, std::to_string(port), ec);
+    const tcp::resolver::results_type endpoints = tcp::resolver(s_.io()).resolve(host, std::to_string(port), ec);
     if (ec) return ec;
-    ec = Run(timeout_ms, [&](auto done) {
-      stream_.async_connect(endpoints, [done](beast::error_code e, const tcp::endpoint&) { done(e, 0); });
+    ec = s_.Run(timeout_ms, [&](auto done) {
+      net::async_connect(s_.socket(), endpoints, [done](beast::error_code e, const tcp::endpoint&) { done(e, 0); });
     });
     beast::error_code ignored;  // requests are small and answered at once: send them without delay
-    if (!ec) stream_.socket().set_option(tcp::no_delay(true), ignored);
+    if (!ec) s_.socket().set_option(tcp::no_delay(true), ignored);
     return ec;
   }
   template <typename Request>
   beast::error_code Write(Request& req, int timeout_ms) {
-    return Run(timeout_ms, [&](auto done) { http::async_write(stream_, req, done); });
+    return s_.Run(timeout_ms, [&](auto done) { http::async_write(s_.socket(), req, done); });
   }
   // Reads what one receive brings into the parser (the whole timeout is for
   // this one receive: a server silent that long has stalled).
   template <typename Parser>
   beast::error_code ReadSome(Parser& parser, int timeout_ms) {
-    return Run(timeout_ms, [&](auto done) { http::async_read_some(stream_, buffer_, parser, done); });
+    return s_.Run(timeout_ms, [&](auto done) { http::async_read_some(s_.socket(), buffer_, parser, done); });
   }
 
  private:
   static constexpr size_t kReadBytes = 64 << 10;
-
-  template <typename Start>
-  beast::error_code Run(int timeout_ms, const Start& start) {
-    beast::error_code result = net::error::would_block;
-    stream_.expires_after(std::chrono::milliseconds(timeout_ms));
-    start([&result](beast::error_code ec, size_t) { result = ec; });
-    io_.restart();
-    io_.run();
-    return result;
-  }
-
-  net::io_context io_;
-  beast::tcp_stream stream_{io_};
+  BlockingStream s_;
   beast::flat_buffer buffer_;
 };
 

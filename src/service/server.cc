@@ -1,16 +1,33 @@
 // The HTTP chunk service (include/cachegen/service.h, docs/SERVICE.md).
-#include <httplib.h>
+//
+// Boost.Beast, like the client (http_store.cc). One thread accepts; a pool of
+// `threads` workers serves one connection each, request after request, as
+// long as it is kept alive. Each connection's reads and writes run on the
+// worker's thread with their timeouts (BlockingStream), so a handler may
+// block (a store's fsync, a shaped link's token bucket) without holding up
+// other connections. A request body is read 64 KiB per receive at most,
+// into a buffer sized from its Content-Length.
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <poll.h>
+#include <sys/socket.h>
 
 #include <array>
 #include <atomic>
 #include <charconv>
+#include <condition_variable>
+#include <deque>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "cachegen/codec.h"
 #include "cachegen/service.h"
 #include "cachegen/stream.h"
+#include "service/blocking_stream.h"
 
 namespace cachegen {
 namespace {
@@ -92,29 +109,47 @@ class Metrics {
   std::atomic<uint64_t> hits_{0}, misses_{0};
 };
 
-// Per serving thread: when the current request started, and the connection's
-// rate limiter (httplib serves one connection per thread until it closes).
-struct ThreadState {
-  Clock::time_point start{};
-  bool started = false;
-  uint64_t out_bytes = 0;
-  std::string peer;
-  std::unique_ptr<LinkShaper> shaper;
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+using Request = http::request<http::vector_body<uint8_t>>;
+
+// An answer: a text body, or frame bytes sent from their own buffer
+// (through the shapers when `shaped`).
+struct Reply {
+  unsigned status = 200;
+  std::string content_type;
+  std::string text;
+  std::shared_ptr<const std::vector<uint8_t>> bytes;
+  bool shaped = false;
+  std::vector<std::pair<std::string, std::string>> headers;
+  bool close = false;  // close the connection after it
+
+  size_t body_size() const { return bytes ? bytes->size() : text.size(); }
 };
-thread_local ThreadState tls;
+
+// One connection being served.
+struct Session {
+  Session() { buffer.reserve(64 << 10); }  // Beast reads what the buffer holds, at most 64 KiB
+  BlockingStream io;
+  beast::flat_buffer buffer;
+  std::unique_ptr<LinkShaper> shaper;   // ServiceOptions::connection_rate, from the first GET on
+};
+
+void Error(Reply& r, unsigned code, const std::string& message) {
+  r.status = code;
+  // After a malformed request the connection's byte stream cannot be trusted.
+  if (code == 400 || code == 408 || code == 413) r.close = true;
+  r.content_type = "application/json";
+  r.text = nlohmann::json{{"error", message}}.dump() + "\n";
+}
 
 bool ConstantTimeEqual(std::string_view a, std::string_view b) {
   if (a.size() != b.size()) return false;
   unsigned char d = 0;
   for (size_t i = 0; i < a.size(); ++i) d |= static_cast<unsigned char>(a[i] ^ b[i]);
   return d == 0;
-}
-
-void Error(httplib::Response& res, int code, const std::string& message) {
-  res.status = code;
-  // After a malformed request the connection's byte stream cannot be trusted.
-  if (code == 400 || code == 408 || code == 413) res.set_header("Connection", "close");
-  res.set_content(nlohmann::json{{"error", message}}.dump() + "\n", "application/json");
 }
 
 std::string Route(const std::string& path) {
@@ -131,66 +166,22 @@ class HttpService final : public Service {
   ~HttpService() override { Stop(); }
 
   Status Init() {
+    beast::error_code ec;
+    const auto endpoints = tcp::resolver(io_).resolve(options_.host, std::to_string(options_.port), ec);
+    const std::string where = options_.host + ":" + std::to_string(options_.port);
+    if (ec || endpoints.empty()) return Status::IOError("serve: cannot resolve " + where);
+    const tcp::endpoint endpoint = endpoints.begin()->endpoint();
+    acceptor_.open(endpoint.protocol(), ec);
+    if (!ec) acceptor_.set_option(net::socket_base::reuse_address(true), ec);
+    if (!ec) acceptor_.bind(endpoint, ec);
+    if (!ec) acceptor_.listen(net::socket_base::max_listen_connections, ec);
+    if (!ec) acceptor_.non_blocking(true, ec);
+    if (ec) return Status::IOError("serve: cannot bind " + where + ": " + ec.message());
+    port_ = acceptor_.local_endpoint().port();
+    protocol_ = endpoint.protocol();
     const uint32_t threads = std::max<uint32_t>(options_.threads, 2);
-    server_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-    server_.set_payload_max_length(options_.max_body_bytes);
-    server_.set_read_timeout(std::chrono::milliseconds(options_.read_timeout_ms));
-    server_.set_write_timeout(std::chrono::milliseconds(options_.write_timeout_ms));
-    server_.set_keep_alive_max_count(100000);
-    server_.set_keep_alive_timeout(10);
-    server_.set_tcp_nodelay(true);
-    server_.set_pre_routing_handler([](const httplib::Request&, httplib::Response&) {
-      tls.start = Clock::now();
-      tls.started = true;
-      tls.out_bytes = 0;
-      return httplib::Server::HandlerResponse::Unhandled;
-    });
-    // Counters are taken just before the response goes out (httplib's
-    // post-routing handler), so a client that has its answer sees it counted
-    // in its next /metrics; httplib calls the logger only after the last byte
-    // was written, which is where the duration is known.
-    server_.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-      metrics_.Request(req.method, Route(req.path), res.status, req.body.size(),
-                       tls.out_bytes ? tls.out_bytes : res.body.size());
-      tls.out_bytes = 0;  // requests refused before routing do not reset it
-    });
-    server_.set_logger([this](const httplib::Request&, const httplib::Response&) {
-      if (tls.started) metrics_.Duration(std::chrono::duration<double>(Clock::now() - tls.start).count());
-      tls.started = false;
-    });
-    server_.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
-      Error(res, 500, "internal error");
-    });
-
-    const std::string chunk = R"(/v1/chunks/([^/]*)/([^/]*))";
-    server_.Get(chunk, [this](const httplib::Request& req, httplib::Response& res) { GetChunk(req, res); });
-    server_.Put(chunk, [this](const httplib::Request& req, httplib::Response& res) { PutChunk(req, res); });
-    server_.Delete(chunk, [this](const httplib::Request& req, httplib::Response& res) { DeleteChunk(req, res); });
-    server_.Post("/v1/lookup", [this](const httplib::Request& req, httplib::Response& res) { Lookup(req, res); });
-    server_.Get("/healthz", [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", "text/plain"); });
-    server_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-      res.set_content(MetricsText(), "text/plain; version=0.0.4");
-    });
-    server_.set_error_handler([](const httplib::Request&, httplib::Response& res) {
-      if (res.body.empty()) {
-        const char* what = res.status == 413 ? "request body too large"
-                           : res.status == 404 ? "no such endpoint"
-                                               : "bad request";
-        Error(res, res.status, what);
-      }
-    });
-
-    if (options_.port == 0) {
-      port_ = server_.bind_to_any_port(options_.host);
-      if (port_ <= 0) return Status::IOError("serve: cannot bind " + options_.host);
-    } else {
-      if (!server_.bind_to_port(options_.host, options_.port))
-        return Status::IOError("serve: cannot bind " + options_.host + ":" + std::to_string(options_.port));
-      port_ = options_.port;
-    }
-    thread_ = std::thread([this] { server_.listen_after_bind(); });
-    // httplib's stop() is a no-op until the accept loop runs: wait for it.
-    while (!server_.is_running()) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    for (uint32_t i = 0; i < threads; ++i) workers_.emplace_back([this] { Work(); });
+    acceptor_thread_ = std::thread([this] { Accept(); });
     return Status::Ok();
   }
 
@@ -199,9 +190,19 @@ class HttpService final : public Service {
   void Stop() override {
     std::lock_guard<std::mutex> lock(stop_mu_);
     if (stopped_) return;
+    {
+      std::lock_guard<std::mutex> q(queue_mu_);
+      stopping_ = true;
+      for (Session* s : sessions_) s->io.Interrupt();
+    }
+    queue_cv_.notify_all();
+    if (acceptor_thread_.joinable()) acceptor_thread_.join();
+    for (std::thread& t : workers_) t.join();
+    for (int fd : queue_) ::close(fd);
+    queue_.clear();
+    beast::error_code ignored;
+    acceptor_.close(ignored);
     stopped_ = true;
-    server_.stop();
-    if (thread_.joinable()) thread_.join();
     stop_cv_.notify_all();
   }
 
@@ -213,30 +214,216 @@ class HttpService final : public Service {
   std::string MetricsText() const override { return metrics_.Text(store_->stats()); }
 
  private:
-  bool Authorized(const httplib::Request& req, httplib::Response& res, bool write) {
+  // Accepts connections for the workers; looks for Stop() every 50 ms.
+  void Accept() {
+    const int listen_fd = acceptor_.native_handle();
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> q(queue_mu_);
+        if (stopping_) return;
+      }
+      pollfd p{listen_fd, POLLIN, 0};
+      if (::poll(&p, 1, 50) <= 0) continue;
+      const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) continue;
+      {
+        std::lock_guard<std::mutex> q(queue_mu_);
+        queue_.push_back(fd);
+      }
+      queue_cv_.notify_one();
+    }
+  }
+
+  void Work() {
+    for (;;) {
+      int fd = -1;
+      Session session;
+      {
+        std::unique_lock<std::mutex> q(queue_mu_);
+        queue_cv_.wait(q, [this] { return stopping_ || !queue_.empty(); });
+        if (stopping_) return;
+        fd = queue_.front();
+        queue_.pop_front();
+        sessions_.insert(&session);
+      }
+      beast::error_code ec;
+      session.io.socket().assign(protocol_, fd, ec);
+      if (ec) {
+        ::close(fd);
+      } else {
+        session.io.socket().set_option(tcp::no_delay(true), ec);
+        Serve(session);
+        session.io.socket().close(ec);
+      }
+      std::lock_guard<std::mutex> q(queue_mu_);
+      sessions_.erase(&session);
+    }
+  }
+
+  // Requests on one connection until it closes, fails, or stops being kept alive.
+  void Serve(Session& s) {
+    constexpr int kKeepAliveMs = 10000;  // a kept-alive connection idle this long is closed
+    for (bool first = true;; first = false) {
+      http::request_parser<http::vector_body<uint8_t>> parser;
+      parser.body_limit(options_.max_body_bytes);
+      Reply reply;
+      beast::error_code ec = s.io.Run(first ? options_.read_timeout_ms : kKeepAliveMs, [&](auto done) {
+        http::async_read_header(s.io.socket(), s.buffer, parser, done);
+      });
+      if (ec) {
+        // Nothing of a request came: the peer closed, went idle or the
+        // service stops. Else the request is malformed or stalled.
+        if (!parser.got_some() || ec == net::error::operation_aborted) return;
+        if (ec == http::error::body_limit) Error(reply, 413, "request body too large");
+        else if (ec == beast::error::timeout) Error(reply, 408, "request header incomplete");
+        else Error(reply, 400, "bad request: " + ec.message());
+        Respond(s, nullptr, reply);
+        return;
+      }
+      const Clock::time_point start = Clock::now();
+      if (!ReadBody(s, parser, reply)) {
+        if (reply.status != 200) Respond(s, nullptr, reply);
+        return;
+      }
+      const Request& req = parser.get();
+      try {
+        Handle(req, reply, s);
+      } catch (const std::exception&) {
+        reply = Reply{};
+        Error(reply, 500, "internal error");
+      }
+      metrics_.Request(std::string(req.method_string()), Route(PathOf(req)), reply.status,
+                       req.body().size(), reply.body_size());
+      if (!req.keep_alive()) reply.close = true;
+      const bool sent = Respond(s, &req, reply);
+      metrics_.Duration(std::chrono::duration<double>(Clock::now() - start).count());
+      if (!sent || reply.close) return;
+    }
+  }
+
+  // Reads the body of the request whose header `parser` holds, a receive at
+  // a time, each within the read timeout. False when it did not all come:
+  // `reply` is then the error to send (status 200: none, the connection is
+  // gone).
+  bool ReadBody(Session& s, http::request_parser<http::vector_body<uint8_t>>& parser, Reply& reply) {
+    if (parser.is_done()) return true;
+    // A client that waits for "100 Continue" before its body (curl does for
+    // large ones) is told to go on.
+    if (beast::iequals(parser.get()[http::field::expect], "100-continue")) {
+      http::response<http::empty_body> go{http::status::continue_, 11};
+      if (s.io.Run(options_.write_timeout_ms, [&](auto done) { http::async_write(s.io.socket(), go, done); }))
+        return false;
+    }
+    while (!parser.is_done()) {
+      const beast::error_code ec = s.io.Run(options_.read_timeout_ms, [&](auto done) {
+        http::async_read_some(s.io.socket(), s.buffer, parser, done);
+      });
+      if (ec == net::error::operation_aborted) return false;
+      if (ec == http::error::body_limit) Error(reply, 413, "request body too large");
+      else if (ec) Error(reply, 400, "request body incomplete: " + ec.message());
+      if (ec) return false;
+    }
+    return true;
+  }
+
+  // Sends `reply` (to `req`, null when it could not be read); false if the
+  // connection failed. Whole, header and body in one gathered write; shaped,
+  // the header first and the body 64 KiB at a time through the shapers.
+  bool Respond(Session& s, const Request* req, const Reply& reply) {
+    const uint8_t* body = reply.bytes ? reply.bytes->data() : reinterpret_cast<const uint8_t*>(reply.text.data());
+    const size_t size = req && req->method() == http::verb::head ? 0 : reply.body_size();
+    http::response<http::span_body<const uint8_t>> res{static_cast<http::status>(reply.status), 11};
+    if (!reply.content_type.empty()) res.set(http::field::content_type, reply.content_type);
+    for (const auto& [name, value] : reply.headers) res.set(name, value);
+    res.content_length(reply.body_size());
+    res.keep_alive(!reply.close);
+    http::response_serializer<http::span_body<const uint8_t>> sr{res};
+    const bool shaped = reply.shaped && size > 0;
+    if (!shaped) res.body() = {body, size};
+    beast::error_code ec = s.io.Run(options_.write_timeout_ms, [&](auto done) {
+      if (shaped) http::async_write_header(s.io.socket(), sr, done);
+      else http::async_write(s.io.socket(), sr, done);
+    });
+    constexpr size_t kPiece = 64 << 10;
+    for (size_t at = 0; shaped && !ec && at < size; at += kPiece) {
+      const size_t n = std::min(kPiece, size - at);
+      if (s.shaper) s.shaper->Acquire(n);
+      if (options_.link) options_.link->Acquire(n);
+      ec = s.io.Run(options_.write_timeout_ms,
+                    [&](auto done) { net::async_write(s.io.socket(), net::buffer(body + at, n), done); });
+    }
+    if (ec) return false;
+    if (reply.close) s.io.socket().shutdown(tcp::socket::shutdown_send, ec);
+    return true;
+  }
+
+  // The request's path, without its query.
+  static std::string PathOf(const Request& req) {
+    const std::string_view target(req.target().data(), req.target().size());
+    return std::string(target.substr(0, target.find('?')));
+  }
+
+  void Handle(const Request& req, Reply& r, Session& s) {
+    const std::string path_text = PathOf(req);
+    const std::string_view path = path_text;
+    const http::verb m = req.method();
+    constexpr std::string_view kChunks = "/v1/chunks/";
+    if (path.substr(0, kChunks.size()) == kChunks) {
+      const std::string_view rest = path.substr(kChunks.size());
+      const size_t slash = rest.find('/');
+      if (slash == std::string_view::npos || rest.find('/', slash + 1) != std::string_view::npos)
+        return Error(r, 404, "no such endpoint");
+      const std::string_view key = rest.substr(0, slash), level = rest.substr(slash + 1);
+      if (m == http::verb::get || m == http::verb::head) return GetChunk(req, r, s, key, level);
+      if (m == http::verb::put) return PutChunk(req, r, key, level);
+      if (m == http::verb::delete_) return DeleteChunk(req, r, key, level);
+      return NotAllowed(r, "GET, HEAD, PUT, DELETE");
+    }
+    if (path == "/v1/lookup") return m == http::verb::post ? Lookup(req, r) : NotAllowed(r, "POST");
+    if (path == "/healthz" || path == "/metrics") {
+      if (m != http::verb::get && m != http::verb::head) return NotAllowed(r, "GET, HEAD");
+      if (path == "/healthz") {
+        r.content_type = "text/plain";
+        r.text = "ok\n";
+      } else {
+        r.content_type = "text/plain; version=0.0.4";
+        r.text = MetricsText();
+      }
+      return;
+    }
+    Error(r, 404, "no such endpoint");
+  }
+
+  static void NotAllowed(Reply& r, const char* allow) {
+    Error(r, 405, "method not allowed");
+    r.headers.emplace_back("Allow", allow);
+  }
+
+  bool Authorized(const Request& req, Reply& r, bool write) {
     if (options_.token.empty() || (!write && !options_.auth_reads)) return true;
-    const std::string h = req.get_header_value("Authorization");
+    const std::string_view h(req[http::field::authorization].data(), req[http::field::authorization].size());
     constexpr std::string_view kBearer = "Bearer ";
-    if (h.size() > kBearer.size() && h.compare(0, kBearer.size(), kBearer) == 0 &&
-        ConstantTimeEqual(std::string_view(h).substr(kBearer.size()), options_.token))
+    if (h.size() > kBearer.size() && h.substr(0, kBearer.size()) == kBearer &&
+        ConstantTimeEqual(h.substr(kBearer.size()), options_.token))
       return true;
-    res.set_header("WWW-Authenticate", "Bearer");
-    Error(res, 401, h.empty() ? "missing bearer token" : "bad bearer token");
+    Error(r, 401, h.empty() ? "missing bearer token" : "bad bearer token");
+    r.headers.emplace_back("WWW-Authenticate", "Bearer");
     return false;
   }
 
-  // Parses {key}/{level} from the path; 400 on failure.
-  bool ParseChunkPath(const httplib::Request& req, httplib::Response& res, ChunkKey* key, uint32_t* level) {
-    Result<ChunkKey> k = ChunkKey::FromHex(req.matches[1].str());
+  // Parses {key}/{level} of a chunk path; 400 on failure.
+  static bool ParseChunkPath(std::string_view key_text, std::string_view level_text, Reply& r, ChunkKey* key,
+                             uint32_t* level) {
+    Result<ChunkKey> k = ChunkKey::FromHex(std::string(key_text));
     if (!k.ok()) {
-      Error(res, 400, "bad chunk key (want 32 hex digits)");
+      Error(r, 400, "bad chunk key (want 32 hex digits)");
       return false;
     }
-    const std::string l = req.matches[2].str();
     unsigned v = 0;
-    auto [p, ec] = std::from_chars(l.data(), l.data() + l.size(), v);
-    if (l.empty() || ec != std::errc() || p != l.data() + l.size() || v >= kMaxChunkLevels) {
-      Error(res, 400, "bad level (want 0.." + std::to_string(kMaxChunkLevels - 1) + ")");
+    const char* end = level_text.data() + level_text.size();
+    auto [p, ec] = std::from_chars(level_text.data(), end, v);
+    if (level_text.empty() || ec != std::errc() || p != end || v >= kMaxChunkLevels) {
+      Error(r, 400, "bad level (want 0.." + std::to_string(kMaxChunkLevels - 1) + ")");
       return false;
     }
     *key = *k;
@@ -244,71 +431,55 @@ class HttpService final : public Service {
     return true;
   }
 
-  void GetChunk(const httplib::Request& req, httplib::Response& res) {
-    if (!Authorized(req, res, false)) return;
+  void GetChunk(const Request& req, Reply& r, Session& s, std::string_view key_text, std::string_view level_text) {
+    if (!Authorized(req, r, false)) return;
     ChunkKey key;
     uint32_t level = 0;
-    if (!ParseChunkPath(req, res, &key, &level)) return;
-    if (req.method == "HEAD") {
+    if (!ParseChunkPath(key_text, level_text, r, &key, &level)) return;
+    if (req.method() == http::verb::head) {
       Result<uint64_t> size = store_->Size(key, level);
-      if (!size.ok()) return StoreError(res, size.status(), false);  // a probe: not a hit or miss
-      res.set_header("X-Chunk-Bytes", std::to_string(*size));
-      res.status = 200;
+      if (!size.ok()) return StoreError(r, size.status(), false);  // a probe: not a hit or miss
+      r.headers.emplace_back("X-Chunk-Bytes", std::to_string(*size));
       return;
     }
     Result<std::vector<uint8_t>> frame = store_->Get(key, level);
-    if (!frame.ok()) return StoreError(res, frame.status(), true);
+    if (!frame.ok()) return StoreError(r, frame.status(), true);
     metrics_.Hit();
-    auto bytes = std::make_shared<std::vector<uint8_t>>(std::move(frame).value());
-    tls.out_bytes = bytes->size();
-    // The frame is sent from its own buffer (set_content would copy it
-    // first); through the shapers 64 KiB at a time, else whole.
-    const bool limited = !options_.connection_rate.empty() || options_.link;
-    if (!options_.connection_rate.empty() && (tls.peer != req.remote_addr + ":" + std::to_string(req.remote_port) ||
-                                              !tls.shaper)) {
-      tls.peer = req.remote_addr + ":" + std::to_string(req.remote_port);
-      tls.shaper = std::make_unique<LinkShaper>(options_.connection_rate);
-    }
-    LinkShaper* conn = options_.connection_rate.empty() ? nullptr : tls.shaper.get();
-    std::shared_ptr<LinkShaper> link = options_.link;
-    res.set_content_provider(bytes->size(), "application/octet-stream",
-                             [bytes, conn, link, limited](size_t offset, size_t length, httplib::DataSink& sink) {
-                               const size_t n = limited ? std::min<size_t>(length, 64 * 1024) : length;
-                               if (conn) conn->Acquire(n);
-                               if (link) link->Acquire(n);
-                               return sink.write(reinterpret_cast<const char*>(bytes->data()) + offset, n);
-                             });
+    r.content_type = "application/octet-stream";
+    r.bytes = std::make_shared<const std::vector<uint8_t>>(std::move(frame).value());
+    r.shaped = !options_.connection_rate.empty() || options_.link;
+    if (!options_.connection_rate.empty() && !s.shaper) s.shaper = std::make_unique<LinkShaper>(options_.connection_rate);
   }
 
-  void PutChunk(const httplib::Request& req, httplib::Response& res) {
-    if (!Authorized(req, res, true)) return;
+  void PutChunk(const Request& req, Reply& r, std::string_view key_text, std::string_view level_text) {
+    if (!Authorized(req, r, true)) return;
     ChunkKey key;
     uint32_t level = 0;
-    if (!ParseChunkPath(req, res, &key, &level)) return;
-    const std::span<const uint8_t> body(reinterpret_cast<const uint8_t*>(req.body.data()), req.body.size());
+    if (!ParseChunkPath(key_text, level_text, r, &key, &level)) return;
+    const std::span<const uint8_t> body(req.body().data(), req.body().size());
     Result<FrameInfo> info = InspectFrame(body);
-    if (!info.ok()) return Error(res, 400, "body is not a valid frame: " + info.status().message());
+    if (!info.ok()) return Error(r, 400, "body is not a valid frame: " + info.status().message());
     if (info->level != level)
-      return Error(res, 400, "frame is level " + std::to_string(info->level) + ", path says " + std::to_string(level));
-    if (info->bytes != body.size()) return Error(res, 400, "body has bytes after the frame");
+      return Error(r, 400, "frame is level " + std::to_string(info->level) + ", path says " + std::to_string(level));
+    if (info->bytes != body.size()) return Error(r, 400, "body has bytes after the frame");
     Status st = store_->Put(key, level, body);
-    if (!st.ok()) return StoreError(res, st, false);
-    res.status = 201;
+    if (!st.ok()) return StoreError(r, st, false);
+    r.status = 201;
   }
 
-  void DeleteChunk(const httplib::Request& req, httplib::Response& res) {
-    if (!Authorized(req, res, true)) return;
+  void DeleteChunk(const Request& req, Reply& r, std::string_view key_text, std::string_view level_text) {
+    if (!Authorized(req, r, true)) return;
     ChunkKey key;
     uint32_t level = 0;
-    if (!ParseChunkPath(req, res, &key, &level)) return;
+    if (!ParseChunkPath(key_text, level_text, r, &key, &level)) return;
     Status st = store_->Delete(key, level);
-    if (!st.ok()) return StoreError(res, st, false);
-    res.status = 204;
+    if (!st.ok()) return StoreError(r, st, false);
+    r.status = 204;
   }
 
-  void Lookup(const httplib::Request& req, httplib::Response& res) {
+  void Lookup(const Request& req, Reply& res) {
     if (!Authorized(req, res, false)) return;
-    nlohmann::json in = nlohmann::json::parse(req.body, nullptr, false);
+    nlohmann::json in = nlohmann::json::parse(req.body().begin(), req.body().end(), nullptr, false);
     if (in.is_discarded() || !in.is_object()) return Error(res, 400, "body is not a JSON object");
     uint32_t levels = kMaxChunkLevels;
     if (in.contains("levels")) {
@@ -356,10 +527,11 @@ class HttpService final : public Service {
     nlohmann::json chunks = nlohmann::json::array();
     for (const CachedChunk& c : found) chunks.push_back({{"key", c.key.Hex()}, {"sizes", c.level_bytes}});
     out["chunks"] = std::move(chunks);
-    res.set_content(out.dump() + "\n", "application/json");
+    res.content_type = "application/json";
+    res.text = out.dump() + "\n";
   }
 
-  void StoreError(httplib::Response& res, const Status& st, bool read) {
+  void StoreError(Reply& res, const Status& st, bool read) {
     if (st.code() == StatusCode::kNotFound) {
       if (read) metrics_.Miss();
       return Error(res, 404, "not found");
@@ -371,10 +543,18 @@ class HttpService final : public Service {
 
   ChunkStore* store_;
   ServiceOptions options_;
-  httplib::Server server_;
   Metrics metrics_;
+  net::io_context io_;  // the acceptor's; never run (Accept polls its socket)
+  tcp::acceptor acceptor_{io_};
+  tcp protocol_ = tcp::v4();
   int port_ = 0;
-  std::thread thread_;
+  std::thread acceptor_thread_;
+  std::vector<std::thread> workers_;
+  std::mutex queue_mu_;  // guards the three below
+  std::condition_variable queue_cv_;
+  std::deque<int> queue_;         // accepted connections no worker took yet
+  std::set<Session*> sessions_;   // connections being served
+  bool stopping_ = false;
   std::mutex stop_mu_;
   std::condition_variable stop_cv_;
   bool stopped_ = false;

@@ -143,8 +143,12 @@ TEST_P(ServiceTest, BadKeysLevelsAndBodiesAre4xxAndStoreNothing) {
   truncated.resize(frame.size() / 2);
   EXPECT_EQ(StatusOf(Put(kPath, truncated, auth)), 400);
   for (uint32_t l = 0; l < kMaxChunkLevels; ++l) EXPECT_FALSE(store_->Size(kKey, l).ok()) << l;
-  // Unknown endpoints.
+  // Unknown endpoints; a method the path does not take.
   EXPECT_EQ(StatusOf(RawRequest(port(), "GET /v2/x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")), 404);
+  const std::string post = RawRequest(port(), "POST " + kPath + " HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n"
+                                              "Connection: close\r\n\r\n");
+  EXPECT_EQ(StatusOf(post), 405);
+  EXPECT_NE(post.find("Allow: GET, HEAD, PUT, DELETE"), std::string::npos) << post;
   // A garbage request line.
   const int garbage = StatusOf(RawRequest(port(), "HELLO\r\n\r\n", true));
   EXPECT_TRUE(garbage == 400 || garbage == 0) << garbage;
