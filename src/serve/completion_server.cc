@@ -5,10 +5,10 @@
 #include <mutex>
 #include <thread>
 
-#include <httplib.h>
 #include <nlohmann/json.hpp>
 
 #include "serve/slot_pool.h"
+#include "service/http_server.h"
 
 namespace cachegen::serve {
 namespace {
@@ -79,66 +79,66 @@ class ServerImpl final : public CompletionServer {
   ~ServerImpl() override { Stop(); }
 
   Status Bind() {
-    const uint32_t threads =
-        options_.http_threads ? options_.http_threads : engine_->slots() + options_.max_waiting + 4;
-    server_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-    server_.set_read_timeout(std::chrono::milliseconds(options_.read_timeout_ms));
-    server_.set_payload_max_length(options_.limits.max_prompt_bytes);
-    Routes();
-    port_ = options_.port == 0 ? server_.bind_to_any_port(options_.host)
-                               : (server_.bind_to_port(options_.host, options_.port) ? options_.port : -1);
-    if (port_ <= 0)
-      return Status::IOError("cannot listen on " + options_.host + ":" + std::to_string(options_.port));
-    thread_ = std::thread([this] { server_.listen_after_bind(); });
+    HttpServerOptions o;
+    o.host = options_.host;
+    o.port = options_.port;
+    o.threads = options_.http_threads ? options_.http_threads : engine_->slots() + options_.max_waiting + 4;
+    o.read_timeout_ms = options_.read_timeout_ms;
+    o.max_body_bytes = options_.limits.max_prompt_bytes;
+    HttpHandlers h;
+    h.handle = [this](const HttpRequest& req, HttpReply& res) { Route(req, res); };
+    h.error = [this](HttpReply& res, unsigned status, const std::string& message) { Error(res, status, message); };
+    Result<std::unique_ptr<HttpServer>> server = HttpServer::Start(o, std::move(h));
+    if (!server.ok()) return server.status();
+    server_ = std::move(server).value();
     return Status::Ok();
   }
 
-  int port() const override { return port_; }
+  int port() const override { return server_->port(); }
   void Stop() override {
     std::lock_guard lock(stop_mu_);
     if (stopped_) return;
     stopped_ = true;
     pool_.Close();
-    server_.stop();
-    if (thread_.joinable()) thread_.join();
+    if (server_) server_->Stop();
   }
 
  private:
-  void Reply(httplib::Response& res, int status, const std::string& body, const char* type = "application/json") {
+  void Reply(HttpReply& res, unsigned status, const std::string& body, const char* type = "application/json") {
     res.status = status;
-    res.set_content(body, type);
-    metrics_.Count(status);
+    res.content_type = type;
+    res.text = body;
+    metrics_.Count(static_cast<int>(status));
   }
-  void Error(httplib::Response& res, int status, const std::string& message) {
-    Reply(res, status, ErrorBody(status, message));
+  void Error(HttpReply& res, unsigned status, const std::string& message) {
+    Reply(res, status, ErrorBody(static_cast<int>(status), message));
   }
 
-  void Routes() {
-    server_.Get("/healthz", [this](const httplib::Request&, httplib::Response& res) {
-      Reply(res, 200, nlohmann::json({{"status", "ok"}, {"slots", engine_->slots()}, {"busy", pool_.busy()},
-                                      {"waiting", pool_.waiting()}})
-                          .dump());
-    });
-    server_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-      Reply(res, 200, metrics_.Text() + engine_->MetricsText(), "text/plain; version=0.0.4");
-    });
-    server_.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+  void Route(const HttpRequest& req, HttpReply& res) {
+    const std::string_view target(req.target().data(), req.target().size());
+    const std::string_view path = target.substr(0, target.find('?'));
+    const bool get = req.method() == boost::beast::http::verb::get;
+    const bool post = req.method() == boost::beast::http::verb::post;
+    const std::string_view body(reinterpret_cast<const char*>(req.body().data()), req.body().size());
+    if (path == "/healthz" && get) {
+      return Reply(res, 200, nlohmann::json({{"status", "ok"}, {"slots", engine_->slots()}, {"busy", pool_.busy()},
+                                             {"waiting", pool_.waiting()}})
+                                 .dump());
+    }
+    if (path == "/metrics" && get) return Reply(res, 200, metrics_.Text() + engine_->MetricsText(), "text/plain; version=0.0.4");
+    if (path == "/v1/models" && get) {
       nlohmann::json m = {{"id", engine_->model_name()}, {"object", "model"}, {"owned_by", "cachegen"}};
-      Reply(res, 200, nlohmann::json({{"object", "list"}, {"data", {m}}}).dump());
-    });
-    server_.Post("/v1/completions",
-                 [this](const httplib::Request& req, httplib::Response& res) { Handle(req, res, false); });
-    server_.Post("/v1/chat/completions",
-                 [this](const httplib::Request& req, httplib::Response& res) { Handle(req, res, true); });
-    server_.set_error_handler([](const httplib::Request&, httplib::Response& res) {
-      if (res.body.empty()) res.set_content(ErrorBody(res.status, "HTTP " + std::to_string(res.status)), "application/json");
-    });
+      return Reply(res, 200, nlohmann::json({{"object", "list"}, {"data", {m}}}).dump());
+    }
+    if (path == "/v1/completions" && post) return Handle(body, res, false);
+    if (path == "/v1/chat/completions" && post) return Handle(body, res, true);
+    Error(res, 404, "HTTP 404");
   }
 
   std::string NextId() { return "cmpl-cachegen-" + std::to_string(++next_id_); }
 
-  void Handle(const httplib::Request& http_req, httplib::Response& res, bool chat) {
-    Result<CompletionRequest> parsed = ParseCompletionRequest(http_req.body, chat, options_.limits);
+  void Handle(std::string_view http_body, HttpReply& res, bool chat) {
+    Result<CompletionRequest> parsed = ParseCompletionRequest(std::string(http_body), chat, options_.limits);
     if (!parsed.ok()) return Error(res, 400, parsed.status().message());
     if (parsed->model.empty()) parsed->model = engine_->model_name();
     std::optional<uint32_t> slot = pool_.Acquire();
@@ -155,37 +155,33 @@ class ServerImpl final : public CompletionServer {
       metrics_.Completed(out->timings);
       return Reply(res, 200, CompletionResponse(*parsed, id, created, *out));
     }
-    // Streaming: generation runs inside the content provider, on this
+    // Streaming: generation runs as the body is written, on this
     // connection's thread, holding the slot until the last event is sent.
     auto request = std::make_shared<CompletionRequest>(std::move(*parsed));
     metrics_.Count(200);
-    res.set_chunked_content_provider(
-        "text/event-stream", [this, lease, request, id, created](size_t, httplib::DataSink& sink) {
-          auto send = [&](const std::string& s) { return sink.is_writable() && sink.write(s.data(), s.size()); };
-          Result<CompletionResult> out = engine_->Complete(lease->slot(), *request, [&](const std::string& piece) {
-            return send(StreamEvent(*request, id, created, piece, "", nullptr));
-          });
-          if (out.ok()) {
-            metrics_.Completed(out->timings);
-            send(StreamEvent(*request, id, created, "", out->finish_reason, &out->timings));
-          } else {
-            send("data: " + ErrorBody(500, out.status().message()) + "\n\n");
-          }
-          send(StreamDone());
-          sink.done();
-          return true;
-        });
+    res.content_type = "text/event-stream";
+    res.stream = [this, lease, request, id, created](const std::function<bool(std::string_view)>& write) {
+      auto send = [&](const std::string& s) { return write(s); };
+      Result<CompletionResult> out = engine_->Complete(lease->slot(), *request, [&](const std::string& piece) {
+        return send(StreamEvent(*request, id, created, piece, "", nullptr));
+      });
+      if (out.ok()) {
+        metrics_.Completed(out->timings);
+        send(StreamEvent(*request, id, created, "", out->finish_reason, &out->timings));
+      } else {
+        send("data: " + ErrorBody(500, out.status().message()) + "\n\n");
+      }
+      send(StreamDone());
+    };
   }
 
   CompletionEngine* engine_;
   CompletionServerOptions options_;
   SlotPool pool_;
   ServerMetrics metrics_;
-  httplib::Server server_;
-  std::thread thread_;
+  std::unique_ptr<HttpServer> server_;
   std::mutex stop_mu_;
   bool stopped_ = false;
-  int port_ = -1;
   std::atomic<uint64_t> next_id_{0};
 };
 

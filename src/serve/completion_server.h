@@ -50,7 +50,9 @@ class CompletionServer {
                                                          const CompletionServerOptions& options);
   virtual ~CompletionServer() = default;
   virtual int port() const = 0;
-  // Stops accepting, lets running requests finish, joins the threads. Idempotent.
+  // Stops accepting, ends every connection's I/O (a streamed generation
+  // then stops at its next piece), waits for running requests, joins the
+  // threads. Idempotent.
   virtual void Stop() = 0;
 };
 

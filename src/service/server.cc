@@ -1,33 +1,17 @@
-// The HTTP chunk service (include/cachegen/service.h, docs/SERVICE.md).
-//
-// Boost.Beast, like the client (http_store.cc). One thread accepts; a pool of
-// `threads` workers serves one connection each, request after request, as
-// long as it is kept alive. Each connection's reads and writes run on the
-// worker's thread with their timeouts (BlockingStream), so a handler may
-// block (a store's fsync, a shaped link's token bucket) without holding up
-// other connections. A request body is read 64 KiB per receive at most,
-// into a buffer sized from its Content-Length.
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
-#include <poll.h>
-#include <sys/socket.h>
-
+// The HTTP chunk service (include/cachegen/service.h, docs/SERVICE.md): its
+// routes and metrics over HttpServer (Boost.Beast, like the client).
 #include <array>
 #include <atomic>
 #include <charconv>
 #include <condition_variable>
-#include <deque>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <set>
-#include <thread>
 
 #include "cachegen/codec.h"
 #include "cachegen/service.h"
 #include "cachegen/stream.h"
-#include "service/blocking_stream.h"
+#include "service/http_server.h"
 
 namespace cachegen {
 namespace {
@@ -109,35 +93,9 @@ class Metrics {
   std::atomic<uint64_t> hits_{0}, misses_{0};
 };
 
-namespace beast = boost::beast;
-namespace http = beast::http;
-namespace net = boost::asio;
-using tcp = net::ip::tcp;
-using Request = http::request<http::vector_body<uint8_t>>;
+namespace http = boost::beast::http;
 
-// An answer: a text body, or frame bytes sent from their own buffer
-// (through the shapers when `shaped`).
-struct Reply {
-  unsigned status = 200;
-  std::string content_type;
-  std::string text;
-  std::shared_ptr<const std::vector<uint8_t>> bytes;
-  bool shaped = false;
-  std::vector<std::pair<std::string, std::string>> headers;
-  bool close = false;  // close the connection after it
-
-  size_t body_size() const { return bytes ? bytes->size() : text.size(); }
-};
-
-// One connection being served.
-struct Session {
-  Session() { buffer.reserve(64 << 10); }  // Beast reads what the buffer holds, at most 64 KiB
-  BlockingStream io;
-  beast::flat_buffer buffer;
-  std::unique_ptr<LinkShaper> shaper;   // ServiceOptions::connection_rate, from the first GET on
-};
-
-void Error(Reply& r, unsigned code, const std::string& message) {
+void Error(HttpReply& r, unsigned code, const std::string& message) {
   r.status = code;
   // After a malformed request the connection's byte stream cannot be trusted.
   if (code == 400 || code == 408 || code == 413) r.close = true;
@@ -166,42 +124,37 @@ class HttpService final : public Service {
   ~HttpService() override { Stop(); }
 
   Status Init() {
-    beast::error_code ec;
-    const auto endpoints = tcp::resolver(io_).resolve(options_.host, std::to_string(options_.port), ec);
-    const std::string where = options_.host + ":" + std::to_string(options_.port);
-    if (ec || endpoints.empty()) return Status::IOError("serve: cannot resolve " + where);
-    const tcp::endpoint endpoint = endpoints.begin()->endpoint();
-    acceptor_.open(endpoint.protocol(), ec);
-    if (!ec) acceptor_.set_option(net::socket_base::reuse_address(true), ec);
-    if (!ec) acceptor_.bind(endpoint, ec);
-    if (!ec) acceptor_.listen(net::socket_base::max_listen_connections, ec);
-    if (!ec) acceptor_.non_blocking(true, ec);
-    if (ec) return Status::IOError("serve: cannot bind " + where + ": " + ec.message());
-    port_ = acceptor_.local_endpoint().port();
-    protocol_ = endpoint.protocol();
-    const uint32_t threads = std::max<uint32_t>(options_.threads, 2);
-    for (uint32_t i = 0; i < threads; ++i) workers_.emplace_back([this] { Work(); });
-    acceptor_thread_ = std::thread([this] { Accept(); });
+    HttpServerOptions o;
+    o.host = options_.host;
+    o.port = options_.port;
+    o.threads = options_.threads;
+    o.max_body_bytes = options_.max_body_bytes;
+    o.read_timeout_ms = options_.read_timeout_ms;
+    o.write_timeout_ms = options_.write_timeout_ms;
+    o.connection_rate = options_.connection_rate;
+    o.link = options_.link;
+    HttpHandlers h;
+    h.handle = [this](const HttpRequest& req, HttpReply& r) { Handle(req, r); };
+    h.error = Error;
+    // Counted just before the answer goes out, so that a client that has
+    // its answer sees it counted in its next /metrics.
+    h.answered = [this](const HttpRequest& req, const HttpReply& r) {
+      metrics_.Request(std::string(req.method_string()), Route(PathOf(req)), static_cast<int>(r.status),
+                       req.body().size(), r.body_size());
+    };
+    h.done = [this](double seconds) { metrics_.Duration(seconds); };
+    Result<std::unique_ptr<HttpServer>> server = HttpServer::Start(o, std::move(h));
+    if (!server.ok()) return Status::IOError("serve: " + server.status().message());
+    server_ = std::move(server).value();
     return Status::Ok();
   }
 
-  int port() const override { return port_; }
+  int port() const override { return server_->port(); }
 
   void Stop() override {
     std::lock_guard<std::mutex> lock(stop_mu_);
     if (stopped_) return;
-    {
-      std::lock_guard<std::mutex> q(queue_mu_);
-      stopping_ = true;
-      for (Session* s : sessions_) s->io.Interrupt();
-    }
-    queue_cv_.notify_all();
-    if (acceptor_thread_.joinable()) acceptor_thread_.join();
-    for (std::thread& t : workers_) t.join();
-    for (int fd : queue_) ::close(fd);
-    queue_.clear();
-    beast::error_code ignored;
-    acceptor_.close(ignored);
+    if (server_) server_->Stop();
     stopped_ = true;
     stop_cv_.notify_all();
   }
@@ -214,156 +167,13 @@ class HttpService final : public Service {
   std::string MetricsText() const override { return metrics_.Text(store_->stats()); }
 
  private:
-  // Accepts connections for the workers; looks for Stop() every 50 ms.
-  void Accept() {
-    const int listen_fd = acceptor_.native_handle();
-    for (;;) {
-      {
-        std::lock_guard<std::mutex> q(queue_mu_);
-        if (stopping_) return;
-      }
-      pollfd p{listen_fd, POLLIN, 0};
-      if (::poll(&p, 1, 50) <= 0) continue;
-      const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd < 0) continue;
-      {
-        std::lock_guard<std::mutex> q(queue_mu_);
-        queue_.push_back(fd);
-      }
-      queue_cv_.notify_one();
-    }
-  }
-
-  void Work() {
-    for (;;) {
-      int fd = -1;
-      Session session;
-      {
-        std::unique_lock<std::mutex> q(queue_mu_);
-        queue_cv_.wait(q, [this] { return stopping_ || !queue_.empty(); });
-        if (stopping_) return;
-        fd = queue_.front();
-        queue_.pop_front();
-        sessions_.insert(&session);
-      }
-      beast::error_code ec;
-      session.io.socket().assign(protocol_, fd, ec);
-      if (ec) {
-        ::close(fd);
-      } else {
-        session.io.socket().set_option(tcp::no_delay(true), ec);
-        Serve(session);
-        session.io.socket().close(ec);
-      }
-      std::lock_guard<std::mutex> q(queue_mu_);
-      sessions_.erase(&session);
-    }
-  }
-
-  // Requests on one connection until it closes, fails, or stops being kept alive.
-  void Serve(Session& s) {
-    constexpr int kKeepAliveMs = 10000;  // a kept-alive connection idle this long is closed
-    for (bool first = true;; first = false) {
-      http::request_parser<http::vector_body<uint8_t>> parser;
-      parser.body_limit(options_.max_body_bytes);
-      Reply reply;
-      beast::error_code ec = s.io.Run(first ? options_.read_timeout_ms : kKeepAliveMs, [&](auto done) {
-        http::async_read_header(s.io.socket(), s.buffer, parser, done);
-      });
-      if (ec) {
-        // Nothing of a request came: the peer closed, went idle or the
-        // service stops. Else the request is malformed or stalled.
-        if (!parser.got_some() || ec == net::error::operation_aborted) return;
-        if (ec == http::error::body_limit) Error(reply, 413, "request body too large");
-        else if (ec == beast::error::timeout) Error(reply, 408, "request header incomplete");
-        else Error(reply, 400, "bad request: " + ec.message());
-        Respond(s, nullptr, reply);
-        return;
-      }
-      const Clock::time_point start = Clock::now();
-      if (!ReadBody(s, parser, reply)) {
-        if (reply.status != 200) Respond(s, nullptr, reply);
-        return;
-      }
-      const Request& req = parser.get();
-      try {
-        Handle(req, reply, s);
-      } catch (const std::exception&) {
-        reply = Reply{};
-        Error(reply, 500, "internal error");
-      }
-      metrics_.Request(std::string(req.method_string()), Route(PathOf(req)), reply.status,
-                       req.body().size(), reply.body_size());
-      if (!req.keep_alive()) reply.close = true;
-      const bool sent = Respond(s, &req, reply);
-      metrics_.Duration(std::chrono::duration<double>(Clock::now() - start).count());
-      if (!sent || reply.close) return;
-    }
-  }
-
-  // Reads the body of the request whose header `parser` holds, a receive at
-  // a time, each within the read timeout. False when it did not all come:
-  // `reply` is then the error to send (status 200: none, the connection is
-  // gone).
-  bool ReadBody(Session& s, http::request_parser<http::vector_body<uint8_t>>& parser, Reply& reply) {
-    if (parser.is_done()) return true;
-    // A client that waits for "100 Continue" before its body (curl does for
-    // large ones) is told to go on.
-    if (beast::iequals(parser.get()[http::field::expect], "100-continue")) {
-      http::response<http::empty_body> go{http::status::continue_, 11};
-      if (s.io.Run(options_.write_timeout_ms, [&](auto done) { http::async_write(s.io.socket(), go, done); }))
-        return false;
-    }
-    while (!parser.is_done()) {
-      const beast::error_code ec = s.io.Run(options_.read_timeout_ms, [&](auto done) {
-        http::async_read_some(s.io.socket(), s.buffer, parser, done);
-      });
-      if (ec == net::error::operation_aborted) return false;
-      if (ec == http::error::body_limit) Error(reply, 413, "request body too large");
-      else if (ec) Error(reply, 400, "request body incomplete: " + ec.message());
-      if (ec) return false;
-    }
-    return true;
-  }
-
-  // Sends `reply` (to `req`, null when it could not be read); false if the
-  // connection failed. Whole, header and body in one gathered write; shaped,
-  // the header first and the body 64 KiB at a time through the shapers.
-  bool Respond(Session& s, const Request* req, const Reply& reply) {
-    const uint8_t* body = reply.bytes ? reply.bytes->data() : reinterpret_cast<const uint8_t*>(reply.text.data());
-    const size_t size = req && req->method() == http::verb::head ? 0 : reply.body_size();
-    http::response<http::span_body<const uint8_t>> res{static_cast<http::status>(reply.status), 11};
-    if (!reply.content_type.empty()) res.set(http::field::content_type, reply.content_type);
-    for (const auto& [name, value] : reply.headers) res.set(name, value);
-    res.content_length(reply.body_size());
-    res.keep_alive(!reply.close);
-    http::response_serializer<http::span_body<const uint8_t>> sr{res};
-    const bool shaped = reply.shaped && size > 0;
-    if (!shaped) res.body() = {body, size};
-    beast::error_code ec = s.io.Run(options_.write_timeout_ms, [&](auto done) {
-      if (shaped) http::async_write_header(s.io.socket(), sr, done);
-      else http::async_write(s.io.socket(), sr, done);
-    });
-    constexpr size_t kPiece = 64 << 10;
-    for (size_t at = 0; shaped && !ec && at < size; at += kPiece) {
-      const size_t n = std::min(kPiece, size - at);
-      if (s.shaper) s.shaper->Acquire(n);
-      if (options_.link) options_.link->Acquire(n);
-      ec = s.io.Run(options_.write_timeout_ms,
-                    [&](auto done) { net::async_write(s.io.socket(), net::buffer(body + at, n), done); });
-    }
-    if (ec) return false;
-    if (reply.close) s.io.socket().shutdown(tcp::socket::shutdown_send, ec);
-    return true;
-  }
-
   // The request's path, without its query.
-  static std::string PathOf(const Request& req) {
+  static std::string PathOf(const HttpRequest& req) {
     const std::string_view target(req.target().data(), req.target().size());
     return std::string(target.substr(0, target.find('?')));
   }
 
-  void Handle(const Request& req, Reply& r, Session& s) {
+  void Handle(const HttpRequest& req, HttpReply& r) {
     const std::string path_text = PathOf(req);
     const std::string_view path = path_text;
     const http::verb m = req.method();
@@ -374,7 +184,7 @@ class HttpService final : public Service {
       if (slash == std::string_view::npos || rest.find('/', slash + 1) != std::string_view::npos)
         return Error(r, 404, "no such endpoint");
       const std::string_view key = rest.substr(0, slash), level = rest.substr(slash + 1);
-      if (m == http::verb::get || m == http::verb::head) return GetChunk(req, r, s, key, level);
+      if (m == http::verb::get || m == http::verb::head) return GetChunk(req, r, key, level);
       if (m == http::verb::put) return PutChunk(req, r, key, level);
       if (m == http::verb::delete_) return DeleteChunk(req, r, key, level);
       return NotAllowed(r, "GET, HEAD, PUT, DELETE");
@@ -394,12 +204,12 @@ class HttpService final : public Service {
     Error(r, 404, "no such endpoint");
   }
 
-  static void NotAllowed(Reply& r, const char* allow) {
+  static void NotAllowed(HttpReply& r, const char* allow) {
     Error(r, 405, "method not allowed");
     r.headers.emplace_back("Allow", allow);
   }
 
-  bool Authorized(const Request& req, Reply& r, bool write) {
+  bool Authorized(const HttpRequest& req, HttpReply& r, bool write) {
     if (options_.token.empty() || (!write && !options_.auth_reads)) return true;
     const std::string_view h(req[http::field::authorization].data(), req[http::field::authorization].size());
     constexpr std::string_view kBearer = "Bearer ";
@@ -412,7 +222,7 @@ class HttpService final : public Service {
   }
 
   // Parses {key}/{level} of a chunk path; 400 on failure.
-  static bool ParseChunkPath(std::string_view key_text, std::string_view level_text, Reply& r, ChunkKey* key,
+  static bool ParseChunkPath(std::string_view key_text, std::string_view level_text, HttpReply& r, ChunkKey* key,
                              uint32_t* level) {
     Result<ChunkKey> k = ChunkKey::FromHex(std::string(key_text));
     if (!k.ok()) {
@@ -431,7 +241,7 @@ class HttpService final : public Service {
     return true;
   }
 
-  void GetChunk(const Request& req, Reply& r, Session& s, std::string_view key_text, std::string_view level_text) {
+  void GetChunk(const HttpRequest& req, HttpReply& r, std::string_view key_text, std::string_view level_text) {
     if (!Authorized(req, r, false)) return;
     ChunkKey key;
     uint32_t level = 0;
@@ -447,11 +257,10 @@ class HttpService final : public Service {
     metrics_.Hit();
     r.content_type = "application/octet-stream";
     r.bytes = std::make_shared<const std::vector<uint8_t>>(std::move(frame).value());
-    r.shaped = !options_.connection_rate.empty() || options_.link;
-    if (!options_.connection_rate.empty() && !s.shaper) s.shaper = std::make_unique<LinkShaper>(options_.connection_rate);
+    r.shaped = true;  // through the token buckets, where there are any
   }
 
-  void PutChunk(const Request& req, Reply& r, std::string_view key_text, std::string_view level_text) {
+  void PutChunk(const HttpRequest& req, HttpReply& r, std::string_view key_text, std::string_view level_text) {
     if (!Authorized(req, r, true)) return;
     ChunkKey key;
     uint32_t level = 0;
@@ -467,7 +276,7 @@ class HttpService final : public Service {
     r.status = 201;
   }
 
-  void DeleteChunk(const Request& req, Reply& r, std::string_view key_text, std::string_view level_text) {
+  void DeleteChunk(const HttpRequest& req, HttpReply& r, std::string_view key_text, std::string_view level_text) {
     if (!Authorized(req, r, true)) return;
     ChunkKey key;
     uint32_t level = 0;
@@ -477,7 +286,7 @@ class HttpService final : public Service {
     r.status = 204;
   }
 
-  void Lookup(const Request& req, Reply& res) {
+  void Lookup(const HttpRequest& req, HttpReply& res) {
     if (!Authorized(req, res, false)) return;
     nlohmann::json in = nlohmann::json::parse(req.body().begin(), req.body().end(), nullptr, false);
     if (in.is_discarded() || !in.is_object()) return Error(res, 400, "body is not a JSON object");
@@ -531,7 +340,7 @@ class HttpService final : public Service {
     res.text = out.dump() + "\n";
   }
 
-  void StoreError(Reply& res, const Status& st, bool read) {
+  void StoreError(HttpReply& res, const Status& st, bool read) {
     if (st.code() == StatusCode::kNotFound) {
       if (read) metrics_.Miss();
       return Error(res, 404, "not found");
@@ -544,17 +353,7 @@ class HttpService final : public Service {
   ChunkStore* store_;
   ServiceOptions options_;
   Metrics metrics_;
-  net::io_context io_;  // the acceptor's; never run (Accept polls its socket)
-  tcp::acceptor acceptor_{io_};
-  tcp protocol_ = tcp::v4();
-  int port_ = 0;
-  std::thread acceptor_thread_;
-  std::vector<std::thread> workers_;
-  std::mutex queue_mu_;  // guards the three below
-  std::condition_variable queue_cv_;
-  std::deque<int> queue_;         // accepted connections no worker took yet
-  std::set<Session*> sessions_;   // connections being served
-  bool stopping_ = false;
+  std::unique_ptr<HttpServer> server_;
   std::mutex stop_mu_;
   std::condition_variable stop_cv_;
   bool stopped_ = false;

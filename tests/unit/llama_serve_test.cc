@@ -2,12 +2,12 @@
 // a repeated prompt loads its prefix from the store, and with a lossless
 // codec the completion is the same as with a full prefill.
 #include <gtest/gtest.h>
-#include <httplib.h>
 #include <nlohmann/json.hpp>
 
 #include "cachegen/stream.h"
 #include "engine/llama/completion_engine.h"
 #include "serve/completion_server.h"
+#include "http_test_client.h"
 #include "shared_data.h"
 
 namespace cachegen {
@@ -149,8 +149,7 @@ TEST_F(LlamaServeTest, OverHttpTheSecondRequestReportsCachedTokens) {
   ASSERT_TRUE(engine);
   auto server = serve::CompletionServer::Start(engine.get(), {});
   ASSERT_TRUE(server.ok()) << server.status().message();
-  httplib::Client client("127.0.0.1", (*server)->port());
-  client.set_read_timeout(std::chrono::seconds(60));
+  testing_http::Client client("127.0.0.1", (*server)->port(), 60000);
   const std::string body = nlohmann::json({{"prompt", prompt_}, {"max_tokens", 8}, {"temperature", 0}}).dump();
   auto r1 = client.Post("/v1/completions", body, "application/json");
   ASSERT_TRUE(r1);

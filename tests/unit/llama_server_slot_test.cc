@@ -7,7 +7,6 @@
 // ../shared/models/stories260K.gguf is absent. Not in CI: building
 // llama-server takes many minutes on two cores (docs/SERVING.md).
 #include <gtest/gtest.h>
-#include <httplib.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -24,6 +23,7 @@
 #include <utility>
 
 #include "redis_fixture.h"  // Spawn, FreePort: plain process and port helpers
+#include "http_test_client.h"
 #include "shared_data.h"
 
 namespace cachegen {
@@ -77,8 +77,7 @@ class LlamaServerSlotTest : public ::testing::Test {
                                  "--cache-ram", "0", "--no-webui"},
                                 (dir_ / "server.log").string());
     ASSERT_GT(pid_, 0);
-    client_ = std::make_unique<httplib::Client>("127.0.0.1", port_);
-    client_->set_read_timeout(120);
+    client_ = std::make_unique<testing_http::Client>("127.0.0.1", port_, 120000);
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     while (std::chrono::steady_clock::now() < until) {
       auto r = client_->Get("/health");
@@ -116,7 +115,7 @@ class LlamaServerSlotTest : public ::testing::Test {
   fs::path dir_;
   int port_ = 0;
   pid_t pid_ = -1;
-  std::unique_ptr<httplib::Client> client_;
+  std::unique_ptr<testing_http::Client> client_;
 };
 
 TEST_F(LlamaServerSlotTest, CompressedSlotRestoresThroughSlotsApiAndGeneratesTheSame) {

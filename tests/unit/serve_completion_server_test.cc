@@ -2,6 +2,7 @@
 // engine is tested in llama_serve_test.cc): routing, validation, streaming,
 // queueing and refusal when full.
 #include "serve/completion_server.h"
+#include "http_test_client.h"
 
 #include <atomic>
 #include <condition_variable>
@@ -9,7 +10,6 @@
 #include <thread>
 
 #include <gtest/gtest.h>
-#include <httplib.h>
 #include <nlohmann/json.hpp>
 
 namespace cachegen::serve {
@@ -74,7 +74,7 @@ class CompletionServerTest : public ::testing::Test {
     ASSERT_TRUE(s.ok()) << s.status().message();
     server_ = std::move(*s);
   }
-  httplib::Client Client() { return httplib::Client("127.0.0.1", server_->port()); }
+  testing_http::Client Client() { return testing_http::Client("127.0.0.1", server_->port()); }
 
   WordEngine engine_;
   std::unique_ptr<CompletionServer> server_;
@@ -102,7 +102,7 @@ TEST_F(CompletionServerTest, StreamsServerSentEvents) {
                            R"({"messages":[{"role":"user","content":"x y"}],"stream":true})", "application/json");
   ASSERT_TRUE(res);
   ASSERT_EQ(res->status, 200);
-  EXPECT_NE(res->get_header_value("Content-Type").find("text/event-stream"), std::string::npos);
+  EXPECT_NE(res->content_type.find("text/event-stream"), std::string::npos);
   std::vector<json> events;
   size_t pos = 0;
   while ((pos = res->body.find("data: ", pos)) != std::string::npos) {
