@@ -71,7 +71,8 @@ struct ServiceOptions {
 class Service {
  public:
   // Binds and starts serving `store` (not owned; must outlive the Service)
-  // on background threads. kIOError when the address cannot be bound.
+  // on background threads. kIOError when the address cannot be bound;
+  // kInvalidArgument for a timeout <= 0.
   static Result<std::unique_ptr<Service>> Start(ChunkStore* store, const ServiceOptions& options);
   virtual ~Service() = default;
   virtual int port() const = 0;

@@ -259,6 +259,8 @@ struct HttpServer::Impl {
 
 Result<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOptions& options, HttpHandlers handlers) {
   if (!handlers.handle || !handlers.error) return Status::InvalidArgument("http server: no handler");
+  if (options.read_timeout_ms <= 0 || options.write_timeout_ms <= 0 || options.keep_alive_ms <= 0)
+    return Status::InvalidArgument("http server: timeouts must be > 0 ms");
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   impl->handlers = std::move(handlers);

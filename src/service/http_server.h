@@ -72,7 +72,8 @@ struct HttpHandlers {
 
 class HttpServer {
  public:
-  // Binds and starts serving; kIOError when the address cannot be bound.
+  // Binds and starts serving; kIOError when the address cannot be bound,
+  // kInvalidArgument for a timeout <= 0.
   static Result<std::unique_ptr<HttpServer>> Start(const HttpServerOptions& options, HttpHandlers handlers);
   ~HttpServer();  // Stop()
   int port() const;

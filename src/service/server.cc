@@ -144,7 +144,11 @@ class HttpService final : public Service {
     };
     h.done = [this](double seconds) { metrics_.Duration(seconds); };
     Result<std::unique_ptr<HttpServer>> server = HttpServer::Start(o, std::move(h));
-    if (!server.ok()) return Status::IOError("serve: " + server.status().message());
+    if (!server.ok()) {
+      const std::string message = "serve: " + server.status().message();
+      return server.status().code() == StatusCode::kInvalidArgument ? Status::InvalidArgument(message)
+                                                                     : Status::IOError(message);
+    }
     server_ = std::move(server).value();
     return Status::Ok();
   }

@@ -511,6 +511,15 @@ TEST(Rates, ParseRatesAndTraces) {
   EXPECT_DOUBLE_EQ(shaper.RateAt(0.6), 1.25e7);
 }
 
+TEST(ServiceStart, RejectsTimeoutsOfZero) {
+  auto store = OpenStore("mem://");
+  ASSERT_TRUE(store.ok());
+  ServiceOptions o;
+  o.read_timeout_ms = 0;
+  auto svc = Service::Start(store->get(), o);
+  EXPECT_EQ(svc.status().code(), StatusCode::kInvalidArgument) << svc.status().ToString();
+}
+
 TEST(ConnectService, RejectsBadUrls) {
   for (const char* bad : {"", "127.0.0.1:80", "https://h:1", "http://h", "http://h:0", "http://h:99999", "http://:80",
                           "http://h:80/x"})

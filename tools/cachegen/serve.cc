@@ -81,7 +81,9 @@ const bool kRegistered = RegisterCommand(20, [](CLI::App& root) -> CommandRunner
   sub->add_option("--rate-limit", a->rate_limit,
                   "Per-connection send rate, e.g. 1gbit, or a trace 10gbit,0.1gbit@0.5 (RATE@SECONDS steps)");
   sub->add_option("--threads", a->threads, "Connections served at once")->capture_default_str();
-  sub->add_option("--timeout-ms", a->timeout_ms, "Read/write timeout for slow clients")->capture_default_str();
+  sub->add_option("--timeout-ms", a->timeout_ms, "Read/write timeout for slow clients")
+      ->check(CLI::Range(1, 86400000))
+      ->capture_default_str();
   return [sub, a] { return *sub ? std::optional<int>(RunServe(*a)) : std::nullopt; };
 });
 
