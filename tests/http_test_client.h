@@ -4,7 +4,6 @@
 // BlockingStream as the service client.
 #pragma once
 
-#include <boost/asio/connect.hpp>
 #include <boost/beast/http.hpp>
 
 #include <optional>
@@ -35,15 +34,7 @@ class Client {
                              const std::string& type) const {
     namespace http = boost::beast::http;
     cachegen::BlockingStream s;
-    boost::beast::error_code ec;
-    const auto endpoints =
-        boost::asio::ip::tcp::resolver(s.io()).resolve(host_, std::to_string(port_), ec);
-    if (ec) return std::nullopt;
-    ec = s.Run(timeout_ms_, [&](auto done) {
-      boost::asio::async_connect(s.socket(), endpoints,
-                                 [done](boost::beast::error_code e, const auto&) { done(e, 0); });
-    });
-    if (ec) return std::nullopt;
+    if (s.Connect(host_, port_, timeout_ms_)) return std::nullopt;
     http::request<http::string_body> req{verb, target, 11};
     req.set(http::field::host, host_);
     req.set(http::field::connection, "close");

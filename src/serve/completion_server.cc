@@ -115,8 +115,7 @@ class ServerImpl final : public CompletionServer {
   }
 
   void Route(const HttpRequest& req, HttpReply& res) {
-    const std::string_view target(req.target().data(), req.target().size());
-    const std::string_view path = target.substr(0, target.find('?'));
+    const std::string_view path = HttpPath(req);
     const bool get = req.method() == boost::beast::http::verb::get;
     const bool post = req.method() == boost::beast::http::verb::post;
     const std::string_view body(reinterpret_cast<const char*>(req.body().data()), req.body().size());

@@ -9,11 +9,13 @@
 #ifndef CACHEGEN_SERVICE_BLOCKING_STREAM_H_
 #define CACHEGEN_SERVICE_BLOCKING_STREAM_H_
 
+#include <boost/asio/connect.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/beast/core.hpp>
 
 #include <atomic>
 #include <chrono>
+#include <string>
 
 namespace cachegen {
 
@@ -54,6 +56,18 @@ class BlockingStream {
     }
     return interrupted ? boost::beast::error_code(net::error::operation_aborted)
                        : boost::beast::error_code(boost::beast::error::timeout);
+  }
+
+  // Resolves host (not bounded by the timeout) and connects, within timeout_ms.
+  boost::beast::error_code Connect(const std::string& host, int port, int timeout_ms) {
+    namespace net = boost::asio;
+    using tcp = net::ip::tcp;
+    boost::beast::error_code ec;
+    const tcp::resolver::results_type endpoints = tcp::resolver(io_).resolve(host, std::to_string(port), ec);
+    if (ec) return ec;
+    return Run(timeout_ms, [&](auto done) {
+      net::async_connect(socket_, endpoints, [done](boost::beast::error_code e, const tcp::endpoint&) { done(e, 0); });
+    });
   }
 
   // From any thread: the operation running now, and every later one, ends

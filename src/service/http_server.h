@@ -24,6 +24,12 @@ namespace cachegen {
 
 using HttpRequest = boost::beast::http::request<boost::beast::http::vector_body<uint8_t>>;
 
+// The request's path, without its query.
+inline std::string_view HttpPath(const HttpRequest& req) {
+  const std::string_view target(req.target().data(), req.target().size());
+  return target.substr(0, target.find('?'));
+}
+
 // A handler's answer: a text body, bytes sent from their own buffer, or a
 // stream of pieces (chunked transfer encoding).
 struct HttpReply {

@@ -4,7 +4,6 @@
 // is a compiled library that reads a body 4 KiB per receive, with a poll
 // before each, and at 10 Gbit/s those calls took about a third of a
 // transfer's CPU; Beast reads 64 KiB per receive here.
-#include <boost/asio/connect.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -38,12 +37,7 @@ class Connection {
 
   // Resolves host (not bounded by the timeout) and connects.
   beast::error_code Connect(const std::string& host, int port, int timeout_ms) {
-    beast::error_code ec;
-    const tcp::resolver::results_type endpoints = tcp::resolver(s_.io()).resolve(host, std::to_string(port), ec);
-    if (ec) return ec;
-    ec = s_.Run(timeout_ms, [&](auto done) {
-      net::async_connect(s_.socket(), endpoints, [done](beast::error_code e, const tcp::endpoint&) { done(e, 0); });
-    });
+    const beast::error_code ec = s_.Connect(host, port, timeout_ms);
     beast::error_code ignored;  // requests are small and answered at once: send them without delay
     if (!ec) s_.socket().set_option(tcp::no_delay(true), ignored);
     return ec;

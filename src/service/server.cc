@@ -110,8 +110,8 @@ bool ConstantTimeEqual(std::string_view a, std::string_view b) {
   return d == 0;
 }
 
-std::string Route(const std::string& path) {
-  if (path.rfind("/v1/chunks/", 0) == 0) return "chunks";
+std::string Route(std::string_view path) {
+  if (path.starts_with("/v1/chunks/")) return "chunks";
   if (path == "/v1/lookup") return "lookup";
   if (path == "/healthz") return "healthz";
   if (path == "/metrics") return "metrics";
@@ -139,7 +139,7 @@ class HttpService final : public Service {
     // Counted just before the answer goes out, so that a client that has
     // its answer sees it counted in its next /metrics.
     h.answered = [this](const HttpRequest& req, const HttpReply& r) {
-      metrics_.Request(std::string(req.method_string()), Route(PathOf(req)), static_cast<int>(r.status),
+      metrics_.Request(std::string(req.method_string()), Route(HttpPath(req)), static_cast<int>(r.status),
                        req.body().size(), r.body_size());
     };
     h.done = [this](double seconds) { metrics_.Duration(seconds); };
@@ -171,15 +171,8 @@ class HttpService final : public Service {
   std::string MetricsText() const override { return metrics_.Text(store_->stats()); }
 
  private:
-  // The request's path, without its query.
-  static std::string PathOf(const HttpRequest& req) {
-    const std::string_view target(req.target().data(), req.target().size());
-    return std::string(target.substr(0, target.find('?')));
-  }
-
   void Handle(const HttpRequest& req, HttpReply& r) {
-    const std::string path_text = PathOf(req);
-    const std::string_view path = path_text;
+    const std::string_view path = HttpPath(req);
     const http::verb m = req.method();
     constexpr std::string_view kChunks = "/v1/chunks/";
     if (path.substr(0, kChunks.size()) == kChunks) {

@@ -11,6 +11,7 @@
 #include <system_error>
 #include <time.h>
 #include <mutex>
+#include <numeric>
 #include <optional>
 #include <span>
 #include <thread>
@@ -718,8 +719,7 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
   auto decode_cost_s = [&](const DecodedChunk& d) {
     return decoder_measured && d.arrived > 0 ? d.cpu_s : d.wall_s();
   };
-  double decoded_s = 0;  // of the chunks handed over (MachineCosts)
-  uint64_t decoded_tokens = 0;
+  // Per level, of the chunks handed over (MachineCosts).
   std::array<double, kMaxChunkLevels> level_decoded_s{}, level_decoded_tokens{};
   // Takes the finished decode, unless its chunk has since got the frame it
   // was not decoded from (a backup's, when the planned frame came).
@@ -777,8 +777,6 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
     result.decode_ms += out.wall_s() * 1000.0;
     const double cost_s = decode_cost_s(out);
     planner.OnProcessed(cost_s + Seconds(handed0, Clock::now()), static_cast<int>(d.ticket->level), chunk_tokens[i]);
-    decoded_s += cost_s;
-    decoded_tokens += chunk_tokens[i];
     if (d.ticket->level < kMaxChunkLevels) {
       level_decoded_s[d.ticket->level] += cost_s;
       level_decoded_tokens[d.ticket->level] += chunk_tokens[i];
@@ -815,7 +813,10 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
   {
     std::lock_guard<std::mutex> lock(costs_->mu);
     if (planner.receive_cost_measured()) costs_->receive_cost_s_per_byte = planner.ReceiveCost();
-    if (decoded_tokens > 0) costs_->decode_s_per_token = decoded_s / decoded_tokens;
+    const double decoded_tokens = std::accumulate(level_decoded_tokens.begin(), level_decoded_tokens.end(), 0.0);
+    if (decoded_tokens > 0)
+      costs_->decode_s_per_token =
+          std::accumulate(level_decoded_s.begin(), level_decoded_s.end(), 0.0) / decoded_tokens;
     costs_->AddFetch(level_decoded_s, level_decoded_tokens);
   }
   return result;
