@@ -632,6 +632,9 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
     }
   };
   auto complete = [&](Done d) {
+    // The probe's end gives the first estimate if no window has yet.
+    if (issued_any && rate.rate() <= 0)
+      rate.ObserveCompletion(fetcher.BusySeconds(first_issue, Clock::now()), fetcher.received());
     const uint32_t c = d.ticket->chunk;
     if (d.ticket == backup[c]) {
       backup_open[c] = false;

@@ -354,6 +354,33 @@ TEST(RateEstimator, SteadyRateFromTheLongWindow) {
   EXPECT_EQ(r.drops(), 0);
 }
 
+TEST(RateEstimator, TicksBetweenBurstsBiasNeitherWay) {
+  // The client observes at 2 ms ticks between arrivals too, so a shaped
+  // link's bursts leave plateaus: points with the same total. 12.5 MB/s
+  // (0.1 Gbit/s) in bursts of 64 KB every 5.24 ms. A window from a
+  // plateau's last point counts one burst more than the time it spans
+  // (+6.7 % for 16 bursts), and one to the newest tick one interval more
+  // than its bytes: neither may show, in the long window or the short one.
+  for (const bool short_only : {false, true}) {
+    RateEstimator::Options o;
+    if (short_only) o.long_bytes = 1ull << 40;  // the long window never fills
+    RateEstimator r(o);
+    const double burst_s = 65536.0 / 1.25e7;
+    uint64_t total = 0;
+    r.Observe(0, 0);
+    for (int i = 1; i <= 200; ++i) {
+      const double arrival = i * burst_s;
+      total += 65536;
+      r.Observe(arrival, total);
+      for (double t = arrival; t < arrival + burst_s; t += 0.002) {
+        r.Observe(t, total);
+        if (i >= 20) ASSERT_NEAR(r.rate(), 1.25e7, 1.25e5) << "burst " << i << ", short only " << short_only;
+      }
+    }
+    EXPECT_EQ(r.drops(), 0);
+  }
+}
+
 TEST(RateEstimator, FirstEstimateFromTheShortWindow) {
   RateEstimator r;
   r.Observe(0, 0);
@@ -363,6 +390,31 @@ TEST(RateEstimator, FirstEstimateFromTheShortWindow) {
   EXPECT_EQ(r.rate(), 0) << "under 15 ms";
   r.Observe(0.016, 800000);
   EXPECT_NEAR(r.rate(), 5e7, 1);
+}
+
+TEST(RateEstimator, AFinishedProbeGivesTheFirstEstimate) {
+  // 1 Gbit/s in 64 KB bursts: a 1 MB frame arrives in 8.4 ms, under the
+  // short window's 15 ms floor.
+  RateEstimator r;
+  const double burst_s = 65536.0 / 1.25e8;
+  r.Observe(0, 0);
+  for (int i = 1; i <= 16; ++i) r.Observe(i * burst_s, 65536ull * i);
+  EXPECT_EQ(r.rate(), 0) << "no window has filled";
+  r.ObserveCompletion(16 * burst_s, 65536ull * 16);
+  EXPECT_NEAR(r.rate(), 1.25e8, 1e5);
+  // Once windows fill, they answer; a later completion changes nothing.
+  for (int i = 17; i <= 80; ++i) r.Observe(i * burst_s * 2, 65536ull * i);  // half the rate from burst 17 on
+  const double windowed = r.rate();
+  EXPECT_LT(windowed, 1e8);
+  r.ObserveCompletion(80 * burst_s * 2, 65536ull * 80);
+  EXPECT_EQ(r.rate(), windowed);
+
+  // A frame that arrives within 5 ms (loopback at 10 Gbit/s) measures the
+  // threads more than the link: no estimate from it.
+  RateEstimator fast;
+  fast.Observe(0, 0);
+  fast.ObserveCompletion(0.0004, 1 << 20);
+  EXPECT_EQ(fast.rate(), 0);
 }
 
 TEST(RateEstimator, DropTakenAtOnceAndSilenceCounts) {
