@@ -108,6 +108,8 @@ struct ClientOptions {
 // request is idempotent), unless no connection could be made, the caller
 // abandoned it, the answer was over max_frame_bytes or request_timeout_ms
 // ran out. LookupPrefix on this store is one POST /v1/lookup.
+// kInvalidArgument for a URL that is not http://HOST:PORT, a connect, read
+// or write timeout <= 0, or a request timeout < 0.
 Result<std::unique_ptr<ChunkStore>> ConnectService(const std::string& url, const ClientOptions& options = {});
 
 }  // namespace cachegen

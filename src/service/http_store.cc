@@ -334,6 +334,11 @@ Result<std::unique_ptr<ChunkStore>> ConnectService(const std::string& url, const
   auto [p, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
   if (ec != std::errc() || p != port_text.data() + port_text.size() || port <= 0 || port > 65535)
     return Status::InvalidArgument("service URL '" + url + "': bad port");
+  // A timeout of 0 would end every connect, receive or send at once.
+  if (options.connect_timeout_ms <= 0 || options.read_timeout_ms <= 0 || options.write_timeout_ms <= 0)
+    return Status::InvalidArgument("service client: connect, read and write timeouts must be > 0 ms");
+  if (options.request_timeout_ms < 0)
+    return Status::InvalidArgument("service client: request timeout must be >= 0 ms (0 = unbounded)");
   return std::unique_ptr<ChunkStore>(std::make_unique<HttpStore>("http://" + rest, host, port, options));
 }
 

@@ -119,6 +119,24 @@ TEST(ServiceClient, AConnectionTheServerClosedIsReplacedWithoutAnError) {
   EXPECT_EQ(server.requests(), 3);
 }
 
+TEST(ServiceClient, TimeoutsOfZeroAreRefused) {
+  // A timeout of 0 would fail every request at once: refused up front.
+  const std::string url = "http://127.0.0.1:1";
+  for (int ClientOptions::*timeout :
+       {&ClientOptions::connect_timeout_ms, &ClientOptions::read_timeout_ms, &ClientOptions::write_timeout_ms}) {
+    for (int bad : {0, -1}) {
+      ClientOptions o;
+      o.*timeout = bad;
+      EXPECT_EQ(ConnectService(url, o).status().code(), StatusCode::kInvalidArgument) << bad;
+    }
+  }
+  ClientOptions o;
+  o.request_timeout_ms = -1;
+  EXPECT_EQ(ConnectService(url, o).status().code(), StatusCode::kInvalidArgument);
+  o.request_timeout_ms = 0;  // no whole-request bound: allowed
+  EXPECT_TRUE(ConnectService(url, o).ok());
+}
+
 TEST(ServiceClient, NoServerIsAnErrorNamingTheService) {
   int port = 0;
   { ScriptedServer gone([](int) { return std::string(); }, true); port = gone.port(); }
