@@ -99,6 +99,9 @@ class ServerImpl final : public CompletionServer {
     std::lock_guard lock(stop_mu_);
     if (stopped_) return;
     stopped_ = true;
+    // Generation ends at its next piece of text (the engine's callback);
+    // HttpServer::Stop waits for every running handler.
+    stopping_ = true;
     pool_.Close();
     if (server_) server_->Stop();
   }
@@ -148,7 +151,8 @@ class ServerImpl final : public CompletionServer {
                                 std::chrono::system_clock::now().time_since_epoch())
                                 .count();
     if (!parsed->stream) {
-      Result<CompletionResult> out = engine_->Complete(lease->slot(), *parsed, [](const std::string&) { return true; });
+      Result<CompletionResult> out =
+          engine_->Complete(lease->slot(), *parsed, [this](const std::string&) { return !stopping_.load(); });
       if (!out.ok())
         return Error(res, out.status().code() == StatusCode::kInvalidArgument ? 400 : 500, out.status().message());
       metrics_.Completed(out->timings);
@@ -160,7 +164,7 @@ class ServerImpl final : public CompletionServer {
     metrics_.Count(200);
     res.content_type = "text/event-stream";
     res.stream = [this, lease, request, id, created](const std::function<bool(std::string_view)>& write) {
-      auto send = [&](const std::string& s) { return write(s); };
+      auto send = [&](const std::string& s) { return !stopping_.load() && write(s); };
       Result<CompletionResult> out = engine_->Complete(lease->slot(), *request, [&](const std::string& piece) {
         return send(StreamEvent(*request, id, created, piece, "", nullptr));
       });
@@ -181,6 +185,7 @@ class ServerImpl final : public CompletionServer {
   std::unique_ptr<HttpServer> server_;
   std::mutex stop_mu_;
   bool stopped_ = false;
+  std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> next_id_{0};
 };
 

@@ -50,9 +50,10 @@ class CompletionServer {
                                                          const CompletionServerOptions& options);
   virtual ~CompletionServer() = default;
   virtual int port() const = 0;
-  // Stops accepting, ends every connection's I/O (a streamed generation
-  // then stops at its next piece), waits for running requests, joins the
-  // threads. Idempotent.
+  // Stops accepting, ends every generation at its next piece of text
+  // (streamed or not) and every connection's I/O, waits for running
+  // requests, joins the threads. A prompt being prefilled runs to its end
+  // first. Idempotent.
   virtual void Stop() = 0;
 };
 

@@ -32,6 +32,14 @@ class WordEngine : public CompletionEngine {
     }
     if (req.prompt == "fail") return Status::Internal("engine failed");
     CompletionResult r;
+    if (req.prompt == "forever") {  // a word a millisecond, for a minute, until told to stop
+      while (emitted_ < kForever && on_text("w")) {
+        ++emitted_;
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      r.finish_reason = "stop";
+      return r;
+    }
     std::string word;
     for (char c : req.prompt + " ") {
       if (c != ' ') {
@@ -57,6 +65,8 @@ class WordEngine : public CompletionEngine {
     std::unique_lock lock(mu_);
     cv_.wait(lock, [&] { return started_ >= n; });
   }
+  static constexpr int kForever = 60000;
+  std::atomic<int> emitted_{0};  // words of "forever" requests
 
  private:
   std::mutex mu_;
@@ -160,6 +170,16 @@ TEST_F(CompletionServerTest, QueuesThenRefusesWhenFull) {
   second.join();
   EXPECT_EQ(first_status, 200);
   EXPECT_EQ(second_status, 200);
+}
+
+TEST_F(CompletionServerTest, StopEndsAGenerationThatIsNotStreamed) {
+  // A non-streamed answer is sent when generation ends; Stop waits for the
+  // running handlers, so it must end the generation, not wait it out.
+  std::thread client([&] { Client().Post("/v1/completions", R"({"prompt":"forever"})", "application/json"); });
+  while (engine_.emitted_ < 5) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  server_->Stop();
+  client.join();
+  EXPECT_LT(engine_.emitted_, WordEngine::kForever);
 }
 
 }  // namespace
