@@ -485,7 +485,8 @@ void RateEstimator::ObserveCompletion(double busy_s, uint64_t total_bytes) {
   Observe(busy_s, total_bytes);
   if (rate_ > 0 || history_.empty()) return;
   const auto& [t0, b0] = history_.front();
-  if (busy_s - t0 >= options_.completion_s && total_bytes - b0 >= options_.short_bytes) rate_ = static_cast<double>(total_bytes - b0) / (busy_s - t0);
+  if (busy_s - t0 >= options_.completion_s && total_bytes - b0 >= options_.short_bytes)
+    rate_ = static_cast<double>(total_bytes - b0) / (busy_s - t0);
 }
 
 bool RateEstimator::settled() const {
