@@ -403,7 +403,7 @@ TEST(RateEstimator, AFinishedProbeGivesTheFirstEstimate) {
   r.ObserveCompletion(16 * burst_s, 65536ull * 16);
   EXPECT_NEAR(r.rate(), 1.25e8, 1e5);
   // Once windows fill, they answer; a later completion changes nothing.
-  for (int i = 17; i <= 80; ++i) r.Observe(i * burst_s * 2, 65536ull * i);  // half the rate from burst 17 on
+  for (int i = 17; i <= 80; ++i) r.Observe(i * burst_s * 2, 65536ull * i);  // a pause, then half the rate
   const double windowed = r.rate();
   EXPECT_LT(windowed, 1e8);
   r.ObserveCompletion(80 * burst_s * 2, 65536ull * 80);
