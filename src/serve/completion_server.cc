@@ -97,11 +97,9 @@ class ServerImpl final : public CompletionServer {
   int port() const override { return server_->port(); }
   void Stop() override {
     std::lock_guard lock(stop_mu_);
-    if (stopped_) return;
-    stopped_ = true;
     // Generation ends at its next piece of text (the engine's callback);
     // HttpServer::Stop waits for every running handler.
-    stopping_ = true;
+    if (stopping_.exchange(true)) return;
     pool_.Close();
     if (server_) server_->Stop();
   }
@@ -184,7 +182,6 @@ class ServerImpl final : public CompletionServer {
   ServerMetrics metrics_;
   std::unique_ptr<HttpServer> server_;
   std::mutex stop_mu_;
-  bool stopped_ = false;
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> next_id_{0};
 };

@@ -527,12 +527,15 @@ double RateEstimator::WindowRate(uint64_t bytes, double seconds, size_t* start) 
   // one burst interval more than its bytes (-1/(k+1)). The silence since the
   // newest arrival counts where it is longer than the window's mean interval
   // between arrivals: a link that stops delivering reads as a drop.
-  size_t newest = history_.size() - 1;
-  while (newest > 0 && history_[newest - 1].second == b1) --newest;
+  auto plateau_start = [&](size_t k) {  // where point k's total first arrived
+    while (k > 0 && history_[k - 1].second == history_[k].second) --k;
+    return k;
+  };
+  const size_t newest = plateau_start(history_.size() - 1);
   const double arrived = history_[newest].first;
   for (size_t i = history_.size() - 1; i-- > 0;) {
     if (b1 - history_[i].second < bytes || t1 - history_[i].first < seconds || !(t1 > history_[i].first)) continue;
-    while (i > 0 && history_[i - 1].second == history_[i].second) --i;
+    i = plateau_start(i);
     const auto& [t0, b0] = history_[i];
     int arrivals = 0;
     for (size_t j = i + 1; j <= newest; ++j) arrivals += history_[j].second > history_[j - 1].second;
