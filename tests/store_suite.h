@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -59,11 +60,35 @@ inline int64_t FrameTag(const std::vector<uint8_t>& f) {
   return static_cast<int64_t>(tag);
 }
 
+// The directories FreshTempDir made, removed when the test process exits
+// (every run of a store test used to leave a dozen behind). Only by the
+// process that made them: a forked writer that exited normally would
+// otherwise remove its parent's directories while the parent still tests them.
+class TempDirRegistry {
+ public:
+  static void Add(const std::string& dir) {
+    static TempDirRegistry registry;
+    std::lock_guard<std::mutex> lock(registry.mu_);
+    registry.dirs_.push_back(dir);
+  }
+  ~TempDirRegistry() {
+    if (::getpid() != owner_) return;
+    std::error_code ec;  // best effort: a leftover is litter, not a failure
+    for (const std::string& dir : dirs_) std::filesystem::remove_all(dir, ec);
+  }
+
+ private:
+  const pid_t owner_ = ::getpid();
+  std::mutex mu_;
+  std::vector<std::string> dirs_;
+};
+
 inline std::string FreshTempDir(const std::string& name) {
   static std::atomic<int> seq{0};
   const std::string dir = ::testing::TempDir() + "/cachegen_store_" + std::to_string(::getpid()) + "_" +
                           std::to_string(seq++) + "_" + name;
   std::filesystem::remove_all(dir);
+  TempDirRegistry::Add(dir);
   return dir;
 }
 
