@@ -1,5 +1,6 @@
 // Helpers for the service tests: raw HTTP over a loopback socket, a small
-// encoded context, checking streamed chunks, temp directories.
+// encoded context, checking streamed chunks, temp directories, a store to
+// wrap.
 #pragma once
 
 #include <arpa/inet.h>
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "cachegen/codec.h"
+#include "cachegen/store.h"
 #include "cachegen/stream.h"
 #include "cachegen/stream_client.h"
 #include "kv/synthetic.h"
@@ -207,5 +209,23 @@ inline std::filesystem::path TempDir(const std::string& name) {
   std::filesystem::create_directories(dir);
   return dir;
 }
+
+// A store that passes every call on to `inner`: tests derive from it to
+// watch, delay or hold reads (overriding Get).
+class ForwardingStore : public ChunkStore {
+ public:
+  explicit ForwardingStore(ChunkStore* inner) : inner_(inner) {}
+  Status Put(const ChunkKey& key, uint32_t level, std::span<const uint8_t> frame) override {
+    return inner_->Put(key, level, frame);
+  }
+  Result<std::vector<uint8_t>> Get(const ChunkKey& key, uint32_t level) override { return inner_->Get(key, level); }
+  Result<uint64_t> Size(const ChunkKey& key, uint32_t level) override { return inner_->Size(key, level); }
+  Status Delete(const ChunkKey& key, uint32_t level) override { return inner_->Delete(key, level); }
+  StoreStats stats() const override { return inner_->stats(); }
+  std::string uri() const override { return inner_->uri(); }
+
+ private:
+  ChunkStore* inner_;
+};
 
 }  // namespace cachegen::testing_service

@@ -351,6 +351,9 @@ class RateEstimator {
   RateEstimator() : RateEstimator(Options()) {}
   explicit RateEstimator(Options options) : options_(options) {}
   // Cumulative bytes received at busy time busy_s (both non-decreasing).
+  // The first observation is the windows' origin: observe (0, 0) as the
+  // first request goes out, or the first estimate misses what arrived
+  // before the first look.
   void Observe(double busy_s, uint64_t total_bytes);
   // The same where a request has just finished. Until the first window has
   // filled, the mean rate since the first observation becomes the estimate

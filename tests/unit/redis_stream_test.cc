@@ -23,6 +23,7 @@ namespace {
 
 using testing_redis::RedisCluster;
 using testing_service::ExpectDirectDecode;
+using testing_service::ForwardingStore;
 using testing_service::MakeContext;
 using testing_service::TestContext;
 
@@ -36,12 +37,9 @@ constexpr const char* kToken = "cluster-token";
 // The cluster store as is, except that its `kill_at`-th Get first runs
 // `kill`; it records which keys were read from then on (every such read
 // reached the cluster after the kill).
-class ReadLog final : public ChunkStore {
+class ReadLog final : public ForwardingStore {
  public:
-  explicit ReadLog(std::unique_ptr<ChunkStore> inner) : inner_(std::move(inner)) {}
-  Status Put(const ChunkKey& key, uint32_t level, std::span<const uint8_t> frame) override {
-    return inner_->Put(key, level, frame);
-  }
+  explicit ReadLog(std::unique_ptr<ChunkStore> inner) : ForwardingStore(inner.get()), owned_(std::move(inner)) {}
   Result<std::vector<uint8_t>> Get(const ChunkKey& key, uint32_t level) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -51,12 +49,8 @@ class ReadLog final : public ChunkStore {
       }
       if (killed_) after_kill_.insert(key);
     }
-    return inner_->Get(key, level);
+    return ForwardingStore::Get(key, level);
   }
-  Result<uint64_t> Size(const ChunkKey& key, uint32_t level) override { return inner_->Size(key, level); }
-  Status Delete(const ChunkKey& key, uint32_t level) override { return inner_->Delete(key, level); }
-  StoreStats stats() const override { return inner_->stats(); }
-  std::string uri() const override { return inner_->uri(); }
   bool killed() {
     std::lock_guard<std::mutex> lock(mu_);
     return killed_;
@@ -70,7 +64,7 @@ class ReadLog final : public ChunkStore {
   std::function<void()> kill;
 
  private:
-  std::unique_ptr<ChunkStore> inner_;
+  std::unique_ptr<ChunkStore> owned_;
   std::mutex mu_;
   uint64_t reads_ = 0;
   bool killed_ = false;

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -284,28 +285,20 @@ TEST_P(ServiceTest, PutThenStreamEqualsDirectDecode) {
 
 // A store whose reads of one key wait until `release` is set: the chunks
 // after it arrive first.
-class HoldOneKeyStore : public ChunkStore {
+class HoldOneKeyStore : public ForwardingStore {
  public:
-  HoldOneKeyStore(ChunkStore* inner, ChunkKey held) : inner_(inner), held_(held) {}
-  Status Put(const ChunkKey& key, uint32_t level, std::span<const uint8_t> frame) override {
-    return inner_->Put(key, level, frame);
-  }
+  HoldOneKeyStore(ChunkStore* inner, ChunkKey held) : ForwardingStore(inner), held_(held) {}
   Result<std::vector<uint8_t>> Get(const ChunkKey& key, uint32_t level) override {
     if (key == held_)
       while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     else
       ++others_read;
-    return inner_->Get(key, level);
+    return ForwardingStore::Get(key, level);
   }
-  Result<uint64_t> Size(const ChunkKey& key, uint32_t level) override { return inner_->Size(key, level); }
-  Status Delete(const ChunkKey& key, uint32_t level) override { return inner_->Delete(key, level); }
-  StoreStats stats() const override { return inner_->stats(); }
-  std::string uri() const override { return inner_->uri(); }
   std::atomic<bool> release{false};
   std::atomic<int> others_read{0};
 
  private:
-  ChunkStore* inner_;
   ChunkKey held_;
 };
 
@@ -346,6 +339,65 @@ TEST_P(ServiceTest, ChunksArrivedEarlyAreDecodedAheadAndHandedOverInOrder) {
     EXPECT_TRUE(r->errors.empty());
     EXPECT_EQ(r->levels, (std::vector<int>{1, 1, 1, 1}));
   }
+}
+
+// A store whose every read takes at least 2.6 ms, and which counts the reads
+// that ended before two were first in flight at once.
+class SlowReadsStore : public ForwardingStore {
+ public:
+  explicit SlowReadsStore(ChunkStore* inner) : ForwardingStore(inner) {}
+  Result<std::vector<uint8_t>> Get(const ChunkKey& key, uint32_t level) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (++in_flight_ >= 2 && solo_reads_ < 0) solo_reads_ = reads_done_;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(2600));
+    auto frame = ForwardingStore::Get(key, level);
+    std::lock_guard<std::mutex> lock(mu_);
+    --in_flight_;
+    ++reads_done_;
+    return frame;
+  }
+  int solo_reads() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return solo_reads_;
+  }
+
+ private:
+  std::mutex mu_;
+  int in_flight_ = 0, reads_done_ = 0, solo_reads_ = -1;
+};
+
+// A cold adaptive client requests one chunk at a time until it has an
+// estimate. Two reads of 2.6 ms and about 260 KB each pass the estimate's
+// 5 ms and 256 KB, counted from the first request: the third request goes
+// out with others. (Counted from the client's first look at the link, a 2 ms
+// tick after the first request, the estimate needed a third read alone.)
+TEST(StreamStart, TheFirstEstimateCountsTheProbeFromItsRequest) {
+  TestContext c;
+  c.chunk_tokens = 256;
+  c.kv = std::move(SyntheticKV({4, 4, 128, 5 * c.chunk_tokens}, DType::kF16, 7)).value();
+  for (uint32_t i = 0; i < c.kv.shape().tokens; ++i) c.tokens.push_back(static_cast<TokenId>(i * 7919 % 32000));
+  c.root = ChainRoot("test-model", "test-profile", c.chunk_tokens);
+  c.config.chunk_tokens = c.chunk_tokens;
+  c.config.levels = 2;
+  auto enc = Encoder::Create(c.config);
+  ASSERT_TRUE(enc.ok());
+  auto mem = OpenStore("mem://");
+  ASSERT_TRUE(mem.ok());
+  ASSERT_TRUE(PutContext(**mem, c.root, c.tokens, c.kv.view(), *enc).ok());
+  SlowReadsStore slow(mem->get());
+  StreamClient client(&slow);
+  StreamOptions opts;
+  opts.deadline_ms = 60000;
+  opts.inflight = 4;
+  auto r = client.FetchTokens(c.root, c.tokens, c.chunk_tokens, opts, [&](const StreamedChunk& s) {
+    ExpectDirectDecode(c, s);
+  });
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->recompute.empty());
+  ASSERT_GE(slow.solo_reads(), 0) << "no two reads were ever in flight at once";
+  EXPECT_LE(slow.solo_reads(), 2);
 }
 
 TEST_P(ServiceTest, CorruptChunkIsAMissAndRecomputed) {
