@@ -144,6 +144,10 @@ class KVTensor {
   KVTensor Slice(uint32_t begin, uint32_t count) const;
 
  private:
+  // Tensor memory: blocks of 2 MiB or more aligned to 2 MiB and offered
+  // for huge pages (kv.cc).
+  static void* AllocateBytes(size_t n);
+  static void FreeBytes(void* p, size_t n) noexcept;
   // std::allocator whose value-initialisation of an element is default
   // initialisation, so that a resize leaves new bytes unset (Unfilled); the
   // constructor zero-fills.
@@ -152,6 +156,8 @@ class KVTensor {
     UnsetAllocator() = default;
     template <typename U>
     UnsetAllocator(const UnsetAllocator<U>&) noexcept {}
+    T* allocate(size_t n) { return static_cast<T*>(AllocateBytes(n * sizeof(T))); }
+    void deallocate(T* p, size_t n) noexcept { FreeBytes(p, n * sizeof(T)); }
     template <typename U>
     void construct(U* p) noexcept {
       ::new (static_cast<void*>(p)) U;

@@ -1,8 +1,11 @@
 #include "cachegen/kv.h"
 
+#include <sys/mman.h>
+
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <new>
 
 #include "common/convert.h"
 #include "common/half.h"
@@ -138,6 +141,31 @@ KVView KVView::Tokens(uint32_t begin, uint32_t count) const {
   v.shape_.tokens = count;
   v.token_base_ = token_base_ + begin;
   return v;
+}
+
+namespace {
+constexpr size_t kHugePage = size_t{2} << 20;
+}  // namespace
+
+// A chunk's tensor is mostly written once into memory the process has not
+// touched yet (a decode target, a conversion): with 4 KiB pages the page
+// faults cost more than the decode. On the 2-core VM a new 8 MiB tensor
+// took 22-23 ms to fault in, against 3.4 ms to decode a chunk into it; a
+// range aligned to 2 MiB and marked for transparent huge pages faulted in
+// within 0.3-1.4 ms. The mark is advice: where huge pages are off (or
+// always on) nothing changes.
+void* KVTensor::AllocateBytes(size_t n) {
+  if (n < kHugePage) return ::operator new(n);
+  void* p = ::operator new(n, std::align_val_t{kHugePage});
+#ifdef MADV_HUGEPAGE
+  (void)madvise(p, n, MADV_HUGEPAGE);
+#endif
+  return p;
+}
+
+void KVTensor::FreeBytes(void* p, size_t n) noexcept {
+  if (n < kHugePage) ::operator delete(p);
+  else ::operator delete(p, std::align_val_t{kHugePage});
 }
 
 KVTensor::KVTensor(KVShape shape, DType dtype)

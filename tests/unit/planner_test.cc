@@ -374,7 +374,9 @@ TEST(RateEstimator, TicksBetweenBurstsBiasNeitherWay) {
       r.Observe(arrival, total);
       for (double t = arrival; t < arrival + burst_s; t += 0.002) {
         r.Observe(t, total);
-        if (i >= 20) ASSERT_NEAR(r.rate(), 1.25e7, 1.25e5) << "burst " << i << ", short only " << short_only;
+        if (i >= 20) {
+          ASSERT_NEAR(r.rate(), 1.25e7, 1.25e5) << "burst " << i << ", short only " << short_only;
+        }
       }
     }
     EXPECT_EQ(r.drops(), 0);
