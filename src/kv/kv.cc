@@ -150,10 +150,10 @@ constexpr size_t kHugePage = size_t{2} << 20;
 // A chunk's tensor is mostly written once into memory the process has not
 // touched yet (a decode target, a conversion): with 4 KiB pages the page
 // faults cost more than the decode. On the 2-core VM a new 8 MiB tensor
-// took 22-23 ms to fault in, against 3.4 ms to decode a chunk into it; a
-// range aligned to 2 MiB and marked for transparent huge pages faulted in
-// within 0.3-1.4 ms. The mark is advice: where huge pages are off (or
-// always on) nothing changes.
+// took 22-24 ms to fault in, against 3.4 ms to decode a chunk into it;
+// aligned to 2 MiB and marked for transparent huge pages, 0.9-16 ms (an
+// mmap'd range so marked: 0.3-1.4 ms). The mark is advice: where huge
+// pages are off (or always on) nothing changes.
 void* KVTensor::AllocateBytes(size_t n) {
   if (n < kHugePage) return ::operator new(n);
   void* p = ::operator new(n, std::align_val_t{kHugePage});
