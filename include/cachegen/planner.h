@@ -350,13 +350,15 @@ class RateEstimator {
   };
   RateEstimator() : RateEstimator(Options()) {}
   explicit RateEstimator(Options options) : options_(options) {}
-  // Cumulative bytes received at busy time busy_s (both non-decreasing).
-  // The first observation is the windows' origin: observe (0, 0) as the
-  // first request goes out, or the first estimate misses what arrived
-  // before the first look.
+  // Cumulative bytes received at busy time busy_s (both non-decreasing),
+  // counted from the origin (0, 0): the moment the first request went out.
+  // The windows begin there, not at the first observation: a client looks
+  // a tick after its first request, or once a whole frame has arrived, and
+  // a window from that look would miss the probe's first bytes and their
+  // time (at 10 Gbit/s the first estimate then waited for 3-4 probes).
   void Observe(double busy_s, uint64_t total_bytes);
   // The same where a request has just finished. Until the first window has
-  // filled, the mean rate since the first observation becomes the estimate
+  // filled, the mean rate since the origin becomes the estimate
   // (if it spans completion_s and short_bytes): a whole frame spans its
   // bursts, and a client that probes one request at a time until it has an
   // estimate would otherwise probe again (at 1 Gbit/s a level-0 frame takes
@@ -368,7 +370,7 @@ class RateEstimator {
   // Drops detected so far.
   int drops() const { return drops_; }
   // Whether the estimate has outlived one more short window (short_s
-  // seconds) since its regime began (the first observation, or the start of
+  // seconds) since its regime began (the origin, or the start of
   // the window that showed the newest drop), with at least short_bytes
   // arrived: a dip that lasts less was a stall of the reading or sending
   // threads more often than a change of the link. Costly reactions (abandoning
@@ -383,9 +385,8 @@ class RateEstimator {
   // point's index in *start), or 0.
   double WindowRate(uint64_t bytes, double seconds, size_t* start) const;
   Options options_;
-  std::deque<std::pair<double, uint64_t>> history_;  // (busy_s, total), oldest first
-  std::pair<double, uint64_t> regime_{0, 0};          // where the current estimate's regime began
-  bool have_regime_ = false;
+  std::deque<std::pair<double, uint64_t>> history_{{0, 0}};  // (busy_s, total), oldest first; the origin
+  std::pair<double, uint64_t> regime_{0, 0};                  // where the current estimate's regime began
   std::pair<double, uint64_t> segment_start_{0, 0};       // where the segment being measured began
   std::vector<std::pair<double, uint64_t>> segments_;  // (seconds, bytes) of the regime's segments
   double rate_ = 0;

@@ -475,15 +475,7 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
   };
   auto frame_bytes = [&](uint32_t c, int level) { return found[c].level_bytes[level]; };
   auto send = [&](uint32_t c, int level) {
-    if (!issued_any) {
-      first_issue = Clock::now();
-      // The windows' origin: nothing requested, nothing arrived. The loop
-      // observes a tick (or a whole frame) later; a window that began
-      // there lacked the probe's first bytes and their time, and at
-      // 10 Gbit/s the first estimate waited for 3-4 probes, requested one
-      // at a time (traced on the 2-core VM: the pipeline filled at 12 ms).
-      rate.Observe(0, 0);
-    }
+    if (!issued_any) first_issue = Clock::now();  // the estimator's origin (RateEstimator::Observe)
     issued_any = true;
     issued_level[c] = level;
     return fetcher.Issue(c, static_cast<uint32_t>(level));

@@ -443,7 +443,7 @@ Plan LevelPlanner::Solve(uint32_t first, double elapsed_s, uint64_t kept_bytes, 
 }
 
 void RateEstimator::Observe(double busy_s, uint64_t total_bytes) {
-  if (!history_.empty() && (busy_s < history_.back().first || total_bytes < history_.back().second)) return;
+  if (busy_s < history_.back().first || total_bytes < history_.back().second) return;
   // A silent stretch (nothing arrived) keeps only its first and newest
   // points: the newest makes the windows see the silence.
   if (history_.size() >= 2 && history_[history_.size() - 2].second == total_bytes &&
@@ -451,10 +451,6 @@ void RateEstimator::Observe(double busy_s, uint64_t total_bytes) {
     history_.back().first = busy_s;
   else
     history_.emplace_back(busy_s, total_bytes);
-  if (!have_regime_) {
-    regime_ = segment_start_ = history_.front();
-    have_regime_ = true;
-  }
   if (busy_s - segment_start_.first >= options_.long_s && total_bytes - segment_start_.second >= options_.long_bytes) {
     segments_.emplace_back(busy_s - segment_start_.first, total_bytes - segment_start_.second);
     segment_start_ = {busy_s, total_bytes};
@@ -483,14 +479,14 @@ void RateEstimator::Observe(double busy_s, uint64_t total_bytes) {
 
 void RateEstimator::ObserveCompletion(double busy_s, uint64_t total_bytes) {
   Observe(busy_s, total_bytes);
-  if (rate_ > 0 || history_.empty()) return;
+  if (rate_ > 0) return;
   const auto& [t0, b0] = history_.front();
   if (busy_s - t0 >= options_.completion_s && total_bytes - b0 >= options_.short_bytes)
     rate_ = static_cast<double>(total_bytes - b0) / (busy_s - t0);
 }
 
 bool RateEstimator::settled() const {
-  if (rate_ <= 0 || history_.empty()) return false;
+  if (rate_ <= 0) return false;
   const auto& [t, b] = history_.back();
   return t - regime_.first >= 2 * options_.short_s && b - regime_.second >= options_.short_bytes;
 }

@@ -367,7 +367,6 @@ TEST(RateEstimator, TicksBetweenBurstsBiasNeitherWay) {
     RateEstimator r(o);
     const double burst_s = 65536.0 / 1.25e7;
     uint64_t total = 0;
-    r.Observe(0, 0);
     for (int i = 1; i <= 200; ++i) {
       const double arrival = i * burst_s;
       total += 65536;
@@ -384,8 +383,7 @@ TEST(RateEstimator, TicksBetweenBurstsBiasNeitherWay) {
 }
 
 TEST(RateEstimator, FirstEstimateFromTheShortWindow) {
-  RateEstimator r;
-  r.Observe(0, 0);
+  RateEstimator r;  // the windows begin at the origin (0, 0)
   r.Observe(0.004, 200000);
   EXPECT_EQ(r.rate(), 0) << "under 256 KB";
   r.Observe(0.010, 500000);
@@ -399,7 +397,6 @@ TEST(RateEstimator, AFinishedProbeGivesTheFirstEstimate) {
   // short window's 15 ms floor.
   RateEstimator r;
   const double burst_s = 65536.0 / 1.25e8;
-  r.Observe(0, 0);
   for (int i = 1; i <= 16; ++i) r.Observe(i * burst_s, 65536ull * i);
   EXPECT_EQ(r.rate(), 0) << "no window has filled";
   r.ObserveCompletion(16 * burst_s, 65536ull * 16);
@@ -414,9 +411,31 @@ TEST(RateEstimator, AFinishedProbeGivesTheFirstEstimate) {
   // A frame that arrives within 5 ms (loopback at 10 Gbit/s) measures the
   // threads more than the link: no estimate from it.
   RateEstimator fast;
-  fast.Observe(0, 0);
   fast.ObserveCompletion(0.0004, 1 << 20);
   EXPECT_EQ(fast.rate(), 0);
+}
+
+TEST(RateEstimator, TheFirstLookCountsFromTheOrigin) {
+  // The client's first look comes after its first request went out (busy
+  // time 0): a tick later, or once a whole frame is in. What arrived before
+  // the look counts, over the time since the origin.
+  RateEstimator whole_frame;  // a 1 MB frame at 1 Gbit/s, seen only once it is in
+  whole_frame.ObserveCompletion(0.0084, 1 << 20);
+  EXPECT_NEAR(whole_frame.rate(), (1 << 20) / 0.0084, 1);
+
+  RateEstimator late_look;  // first look at 16 ms, 800 KB in: the short window spans them
+  late_look.Observe(0.016, 800000);
+  EXPECT_NEAR(late_look.rate(), 5e7, 1);
+  EXPECT_FALSE(late_look.settled()) << "one short window since the origin, not two";
+  late_look.Observe(0.032, 1600000);
+  EXPECT_NEAR(late_look.rate(), 5e7, 1);
+  EXPECT_TRUE(late_look.settled());
+
+  // Observations that go back in time or bytes are ignored, the origin's too.
+  RateEstimator r;
+  r.Observe(-1, 0);
+  r.Observe(0.020, 1000000);
+  EXPECT_NEAR(r.rate(), 5e7, 1);
 }
 
 TEST(RateEstimator, DropTakenAtOnceAndSilenceCounts) {
