@@ -145,7 +145,8 @@ build/cachegen bench-store --store mem:// --service --threads 8 --requests 50 --
   | python3 -c 'import json,sys; d=json.load(sys.stdin); assert all(s["all"]["requests"]==400 and s["all"]["errors"]==0 for s in d["stores"])'
 build/cachegen bench-stream --synthetic 4,2,64,1024 --traces 10gbit,drop --reps 1 --deadline-factors 1 \
   --receive-path 2 >"$tmp/bench-stream.txt"
-grep -q '^Receive path' "$tmp/bench-stream.txt" && grep -q '^Per row' "$tmp/bench-stream.txt"
+grep -q '^Receive path' "$tmp/bench-stream.txt" && grep -q '^Per row' "$tmp/bench-stream.txt" &&
+  grep -q '^Local level-0' "$tmp/bench-stream.txt"
 echo "cli smoke ok"
 
 if build/cachegen eval --help >/dev/null 2>&1; then

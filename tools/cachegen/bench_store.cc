@@ -33,12 +33,6 @@ struct BenchStoreArgs {
   std::string synthetic = "4,8,128,64";
 };
 
-// Latency percentile (microseconds) of a sorted sample.
-double Percentile(const std::vector<double>& sorted, double q) {
-  if (sorted.empty()) return 0;
-  return sorted[std::min(sorted.size() - 1, static_cast<size_t>(q * static_cast<double>(sorted.size())))];
-}
-
 // --service: the store behind an in-process `cachegen serve` on a loopback
 // port, `threads` clients (one connection pool each) sending `requests`
 // mixed requests each: GET of a stored chunk 50 %, GET of an absent one 10 %,
@@ -236,10 +230,8 @@ Phase RunPhase(uint32_t n, uint32_t threads, const Op& op) {
   p.ok = ok;
   p.errors = errors;
   std::sort(lat.begin(), lat.end());
-  if (!lat.empty()) {
-    p.p50_us = lat[lat.size() / 2];
-    p.p99_us = lat[std::min(lat.size() - 1, lat.size() * 99 / 100)];
-  }
+  p.p50_us = Percentile(lat, 0.5);
+  p.p99_us = Percentile(lat, 0.99);
   return p;
 }
 

@@ -161,6 +161,8 @@ int RunBenchStream(const BenchStreamArgs& a) {
     o.decode_threads = a.decode_threads;
     return o;
   };
+  // Every level-0 sample and each row's base, for the noise report at the end.
+  std::vector<double> base_samples, row_bases;
   auto local_ms = [&](int level) -> Result<double> {
     const StreamOptions local = untimed(level);
     std::vector<double> ms;
@@ -169,6 +171,7 @@ int RunBenchStream(const BenchStreamArgs& a) {
       if (!dec.ok()) return dec.status();
       if (rep > 0) ms.push_back(dec->elapsed_ms);
     }
+    if (level == 0) base_samples.insert(base_samples.end(), ms.begin(), ms.end());
     return Median(ms);
   };
   std::vector<double> local_level_ms;
@@ -232,6 +235,7 @@ int RunBenchStream(const BenchStreamArgs& a) {
       Result<double> decode_ms = local_ms(0);
       if (!decode_ms.ok()) return Fail(decode_ms.status());
       const double deadline = *decode_ms + f * level0_s * 1000.0;
+      row_bases.push_back(*decode_ms);
       // results[rep][client]. Rep r runs the clients in an order rotated by
       // r, so no client always runs first or last after the others (the
       // machine's load drifts within a row too).
@@ -341,6 +345,15 @@ int RunBenchStream(const BenchStreamArgs& a) {
       std::printf("\n");
     }
   }
+  // The machine's own noise, with no link and no service: a deadline of
+  // base + x ms is out of every client's reach while the machine runs more
+  // than x ms slower than when the row's base was measured.
+  std::sort(base_samples.begin(), base_samples.end());
+  std::printf("\nLocal level-0 fetch+decode, the deadlines' base (%zu fetches over the run, 5 per base): min %.0f, "
+              "median %.0f, p90 %.0f, max %.0f ms; the rows' bases %.0f-%.0f ms\n",
+              base_samples.size(), Percentile(base_samples, 0), Percentile(base_samples, 0.5),
+              Percentile(base_samples, 0.9), Percentile(base_samples, 1),
+              *std::min_element(row_bases.begin(), row_bases.end()), *std::max_element(row_bases.begin(), row_bases.end()));
   if (a.receive_path > 0) {
     const Status st = ReceivePathReport(store->get(), root, tokens, a.chunk_tokens, a.receive_path, local_client, untimed(0));
     if (!st.ok()) return Fail(st);

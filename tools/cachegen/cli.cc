@@ -112,6 +112,13 @@ double Median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
+double Percentile(const std::vector<double>& sorted, double q) {
+  if (sorted.empty()) return 0;
+  // The epsilon keeps 0.99 x 100 (98.99999... in binary) at index 99.
+  const double at = q * static_cast<double>(sorted.size()) + 1e-9;
+  return sorted[std::min(sorted.size() - 1, static_cast<size_t>(at))];
+}
+
 std::vector<std::string> SplitList(const std::string& s) {
   std::vector<std::string> out;
   size_t pos = 0;

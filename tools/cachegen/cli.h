@@ -66,6 +66,10 @@ std::vector<std::string> SplitList(const std::string& s);
 // Median of v (mean of the middle two for an even count; 0 when empty).
 double Median(std::vector<double> v);
 
+// The q-quantile (0 <= q <= 1) of an ascending sample: its element at
+// floor(q * size), the last for q = 1; 0 when empty.
+double Percentile(const std::vector<double>& sorted, double q);
+
 // Parses "L,H,D,T[,seed]" (the part after "synthetic:", or --synthetic's value).
 struct SyntheticSpec {
   KVShape shape;
