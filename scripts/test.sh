@@ -139,6 +139,13 @@ build/cachegen store verify --store "file://$tmp/store" >/dev/null
 printf '\377' | dd of="$tmp/store/00/$key.1" bs=1 seek=2000 conv=notrunc 2>/dev/null
 expect_rc 1 build/cachegen store verify --store "file://$tmp/store"
 expect_rc 1 build/cachegen store get --store "file://$tmp/store" "$key" 1 -o "$tmp/frame.out"
+# a mistyped store path is an error (and creates nothing), not an empty store
+seq 1 64 >"$tmp/ids.txt"
+expect_rc 1 build/cachegen store verify --store "file://$tmp/no-store"
+expect_rc 1 build/cachegen fetch --store "file://$tmp/no-store" --tokens "$tmp/ids.txt" --deadline-ms 100
+test ! -e "$tmp/no-store"
+expect_rc 1 build/cachegen bench-stream --deadline-factors 0.5,abc
+expect_rc 1 build/cachegen bench-stream --traces 10gbit,5gbit
 build/cachegen bench-store --store mem:// --store "file://$tmp/bench" --ops 20 --frame-bytes 4096 --json \
   | python3 -c 'import json,sys; d=json.load(sys.stdin); assert all(s["put"]["errors"]==0 and s["get"]["errors"]==0 for s in d["stores"])'
 build/cachegen bench-store --store mem:// --service --threads 8 --requests 50 --json \

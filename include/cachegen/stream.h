@@ -51,9 +51,12 @@ struct CachedChunk {
 
 // The longest prefix of `keys` whose chunks each have at least one level in
 // `store`, with every chunk's size per level (levels 0..levels-1). A store
-// that is unreachable ends the prefix (its error is not returned: a lookup
-// answers what is usable now).
-std::vector<CachedChunk> LookupPrefix(ChunkStore& store, std::span<const ChunkKey> keys, uint32_t levels = kMaxChunkLevels);
+// that cannot answer (unreachable, failing: anything but kNotFound) ends the
+// prefix there: a lookup answers what is usable now. Its first such error
+// goes to *error when given (else *error is ok), so that a caller can tell
+// an unreachable store from an empty one.
+std::vector<CachedChunk> LookupPrefix(ChunkStore& store, std::span<const ChunkKey> keys,
+                                      uint32_t levels = kMaxChunkLevels, Status* error = nullptr);
 
 // Parses token ids written as decimal integers separated by whitespace and/or
 // commas (a tokens file). InvalidArgument names the first bad entry.

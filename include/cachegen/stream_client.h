@@ -74,7 +74,11 @@ struct StreamResult {
   uint32_t cached = 0;     // length of the cached prefix found by the lookup
   std::vector<int> levels;  // per cached chunk: level delivered, -1 = not delivered (recompute)
   std::vector<uint32_t> recompute;  // chunk indices (< cached) the engine must recompute
-  std::vector<std::string> errors;  // one line per chunk that failed to fetch or decode
+  std::vector<std::string> errors;  // one line per chunk that failed to fetch or decode, and the lookup's failure
+  // Ok, or why the store could not answer the prefix lookup (unreachable,
+  // failing): the prefix ended there, and the chunks after it count as not
+  // cached. An engine goes on (it recomputes them); a tool should say so.
+  Status lookup_status;
   uint64_t bytes = 0;               // frame bytes fetched
   double elapsed_ms = 0;            // lookup to last delivery
   double lookup_ms = 0;             // of which the prefix lookup

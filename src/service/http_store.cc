@@ -171,7 +171,7 @@ class HttpStore final : public ChunkStore, public PrefixLookupProvider, public P
 
   std::string uri() const override { return url_; }
 
-  Result<std::vector<CachedChunk>> LookupPrefixBatch(std::span<const ChunkKey> keys, uint32_t levels) override {
+  Result<PrefixLookup> LookupPrefixBatch(std::span<const ChunkKey> keys, uint32_t levels) override {
     nlohmann::json req;
     nlohmann::json hex = nlohmann::json::array();
     for (const ChunkKey& k : keys) hex.push_back(k.Hex());
@@ -201,7 +201,12 @@ class HttpStore final : public ChunkStore, public PrefixLookupProvider, public P
       }
       found.push_back(std::move(chunk));
     }
-    return found;
+    PrefixLookup answer{std::move(found), Status::Ok()};
+    if (out.contains("error")) {
+      if (!out["error"].is_string()) return Status::IOError("service " + url_ + ": malformed lookup answer");
+      answer.store_error = Status::IOError("service " + url_ + ": its store: " + out["error"].get<std::string>());
+    }
+    return answer;
   }
 
  private:

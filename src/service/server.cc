@@ -326,8 +326,12 @@ class HttpService final : public Service {
     } else {
       return Error(res, 400, "lookup needs \"keys\" or \"tokens\"");
     }
-    const std::vector<CachedChunk> found = LookupPrefix(*store_, keys, levels);
+    Status failed;
+    const std::vector<CachedChunk> found = LookupPrefix(*store_, keys, levels, &failed);
     nlohmann::json out;
+    // The store could not answer for a chunk: the prefix up to it, and why
+    // it ended there, so that a client does not take it for a cold cache.
+    if (!failed.ok()) out["error"] = failed.ToString();
     out["cached"] = found.size();
     out["requested"] = keys.size();
     nlohmann::json chunks = nlohmann::json::array();

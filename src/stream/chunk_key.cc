@@ -63,12 +63,21 @@ bool CachedChunk::any() const {
   return false;
 }
 
-std::vector<CachedChunk> LookupPrefix(ChunkStore& store, std::span<const ChunkKey> keys, uint32_t levels) {
+std::vector<CachedChunk> LookupPrefix(ChunkStore& store, std::span<const ChunkKey> keys, uint32_t levels,
+                                      Status* error) {
   levels = std::min(levels, kMaxChunkLevels);
+  if (error) *error = Status::Ok();
+  auto failed = [&](const Status& st) {
+    if (error) *error = st;
+  };
   if (auto* batch = dynamic_cast<PrefixLookupProvider*>(&store)) {
-    Result<std::vector<CachedChunk>> r = batch->LookupPrefixBatch(keys, levels);
-    if (r.ok()) return std::move(r).value();
-    return {};
+    Result<PrefixLookup> r = batch->LookupPrefixBatch(keys, levels);
+    if (!r.ok()) {
+      failed(r.status());
+      return {};
+    }
+    if (!r->store_error.ok()) failed(r->store_error);
+    return std::move(r->chunks);
   }
   std::vector<CachedChunk> out;
   for (const ChunkKey& key : keys) {
@@ -77,7 +86,12 @@ std::vector<CachedChunk> LookupPrefix(ChunkStore& store, std::span<const ChunkKe
     c.level_bytes.assign(levels, 0);
     for (uint32_t l = 0; l < levels; ++l) {
       Result<uint64_t> size = store.Size(key, l);
-      if (size.ok()) c.level_bytes[l] = *size;
+      if (size.ok()) {
+        c.level_bytes[l] = *size;
+      } else if (size.status().code() != StatusCode::kNotFound) {
+        failed(size.status());
+        return out;
+      }
     }
     if (!c.any()) break;
     out.push_back(std::move(c));

@@ -422,8 +422,10 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
   StreamResult result;
   result.requested = static_cast<uint32_t>(keys.size());
 
-  const std::vector<CachedChunk> found = LookupPrefix(*store_, keys, std::min(options.levels, kMaxChunkLevels));
+  const std::vector<CachedChunk> found =
+      LookupPrefix(*store_, keys, std::min(options.levels, kMaxChunkLevels), &result.lookup_status);
   result.lookup_ms = Seconds(t0, Clock::now()) * 1000.0;
+  if (!result.lookup_status.ok()) result.errors.push_back("lookup: " + result.lookup_status.ToString());
   const uint32_t n = static_cast<uint32_t>(found.size());
   result.cached = n;
   result.levels.assign(n, -1);

@@ -11,10 +11,19 @@
 
 namespace cachegen {
 
+// What a batch lookup answered: the usable prefix, and why it ended early
+// where the store behind could not answer (ok: it ended at a miss or at the
+// last key).
+struct PrefixLookup {
+  std::vector<CachedChunk> chunks;
+  Status store_error;
+};
+
 class PrefixLookupProvider {
  public:
   virtual ~PrefixLookupProvider() = default;
-  virtual Result<std::vector<CachedChunk>> LookupPrefixBatch(std::span<const ChunkKey> keys, uint32_t levels) = 0;
+  // Non-ok when the lookup itself failed (unreachable, malformed answer).
+  virtual Result<PrefixLookup> LookupPrefixBatch(std::span<const ChunkKey> keys, uint32_t levels) = 0;
 };
 
 }  // namespace cachegen

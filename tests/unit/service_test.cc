@@ -400,6 +400,80 @@ TEST(StreamStart, TheFirstEstimateCountsTheProbeFromItsRequest) {
   EXPECT_LE(slow.solo_reads(), 2);
 }
 
+// A store that cannot answer for one chunk (a disk or a Redis node that
+// fails), and has every other chunk it holds.
+class FailingSizeStore : public ForwardingStore {
+ public:
+  FailingSizeStore(ChunkStore* inner, ChunkKey failing) : ForwardingStore(inner), failing_(failing) {}
+  Result<uint64_t> Size(const ChunkKey& key, uint32_t level) override {
+    if (key == failing_) return Status::IOError("node down");
+    return ForwardingStore::Size(key, level);
+  }
+
+ private:
+  ChunkKey failing_;
+};
+
+// A lookup ends at a store that cannot answer and says why, directly and
+// through the service; a chunk that is missing ends it without an error.
+// The streaming client reports the failure and delivers the prefix before it.
+TEST(Lookup, AStoreThatCannotAnswerEndsThePrefixAndSaysWhy) {
+  TestContext c = MakeContext(64);  // 4 chunks of 16 tokens
+  auto mem = OpenStore("mem://");
+  ASSERT_TRUE(mem.ok());
+  auto enc = Encoder::Create(c.config);
+  ASSERT_TRUE(enc.ok());
+  ASSERT_TRUE(PutContext(**mem, c.root, c.tokens, c.kv.view(), *enc).ok());
+  const auto keys = ChunkKeys(c.root, c.tokens, c.chunk_tokens);
+  ASSERT_EQ(keys.size(), 4u);
+  FailingSizeStore failing(mem->get(), keys[2]);
+
+  Status error = Status::Internal("not set");
+  EXPECT_EQ(LookupPrefix(**mem, keys, 3, &error).size(), 4u);
+  EXPECT_TRUE(error.ok()) << error.ToString();
+  EXPECT_EQ(LookupPrefix(failing, keys, 3, &error).size(), 2u);
+  EXPECT_EQ(error.code(), StatusCode::kIOError);
+  EXPECT_NE(error.message().find("node down"), std::string::npos);
+
+  auto service = Service::Start(&failing, ServiceOptions{});
+  ASSERT_TRUE(service.ok()) << service.status().ToString();
+  const std::string url = "http://127.0.0.1:" + std::to_string((*service)->port());
+  auto remote = ConnectService(url);
+  ASSERT_TRUE(remote.ok());
+  EXPECT_EQ(LookupPrefix(**remote, keys, 3, &error).size(), 2u);
+  EXPECT_EQ(error.code(), StatusCode::kIOError);
+  EXPECT_NE(error.message().find("node down"), std::string::npos) << error.ToString();
+
+  StreamOptions opts;
+  opts.deadline_ms = 60000;
+  StreamClient client(remote->get());
+  auto r = client.FetchTokens(c.root, c.tokens, c.chunk_tokens, opts, [&](const StreamedChunk& s) {
+    ExpectDirectDecode(c, s);
+  });
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->cached, 2u);
+  EXPECT_EQ(r->levels.size(), 2u);
+  EXPECT_EQ(r->lookup_status.code(), StatusCode::kIOError);
+  ASSERT_EQ(r->errors.size(), 1u);
+  EXPECT_EQ(r->errors[0].rfind("lookup: ", 0), 0u) << r->errors[0];
+
+  // A missing chunk: the prefix ends, and nothing failed.
+  ASSERT_TRUE((*mem)->Delete(keys[1], 0).ok() && (*mem)->Delete(keys[1], 1).ok() && (*mem)->Delete(keys[1], 2).ok());
+  EXPECT_EQ(LookupPrefix(**remote, keys, 3, &error).size(), 1u);
+  EXPECT_TRUE(error.ok()) << error.ToString();
+
+  // No service at all: an error, not an empty cache.
+  remote->reset();
+  (*service)->Stop();
+  auto gone = ConnectService(url);
+  ASSERT_TRUE(gone.ok());
+  StreamClient orphan(gone->get());
+  auto none = orphan.FetchTokens(c.root, c.tokens, c.chunk_tokens, opts, nullptr);
+  ASSERT_TRUE(none.ok()) << none.status().ToString();
+  EXPECT_EQ(none->cached, 0u);
+  EXPECT_EQ(none->lookup_status.code(), StatusCode::kIOError);
+}
+
 TEST_P(ServiceTest, CorruptChunkIsAMissAndRecomputed) {
   if (GetParam() != "file") GTEST_SKIP() << "corrupts bytes on disk (file:// only)";
   TestContext c = MakeContext(56);

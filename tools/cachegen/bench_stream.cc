@@ -2,6 +2,7 @@
 // link (an in-process service whose GETs pass one shared LinkShaper).
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <map>
@@ -125,6 +126,16 @@ Status ReceivePathReport(ChunkStore* store, const ChunkKey& root, std::span<cons
 int RunBenchStream(const BenchStreamArgs& a) {
   Result<SyntheticSpec> spec = ParseSyntheticSpec(a.synthetic);
   if (!spec.ok()) return Fail(spec.status());
+  Result<std::vector<double>> deadline_factors = ParsePositiveList("--deadline-factors", a.factors);
+  if (!deadline_factors.ok()) return Fail(deadline_factors.status());
+  const std::vector<double>& factors = *deadline_factors;
+  if (!(a.recompute_tps >= 0) || !std::isfinite(a.recompute_tps))
+    return Fail(Status::InvalidArgument("--recompute-tps must be a number >= 0"));
+  const std::vector<std::string> wanted = SplitList(a.traces);
+  if (wanted.empty()) return Fail(Status::InvalidArgument("--traces: no traces in '" + a.traces + "'"));
+  for (const std::string& t : wanted)
+    if (t != "0.1gbit" && t != "1gbit" && t != "10gbit" && t != "drop")
+      return Fail(Status::InvalidArgument("--traces: unknown trace '" + t + "' (want 0.1gbit, 1gbit, 10gbit, drop)"));
   Result<KVTensor> kv = LoadInput("synthetic:" + a.synthetic);
   if (!kv.ok()) return Fail(kv.status());
   std::vector<TokenId> tokens(kv->shape().tokens);
@@ -186,7 +197,6 @@ int RunBenchStream(const BenchStreamArgs& a) {
   char drop_name[64];
   std::snprintf(drop_name, sizeof drop_name, "1gbit->0.1gbit@%.0fms", drop_at * 1000);
   traces.push_back({drop_name, {{0, 1e9 / 8}, {drop_at, 0.1e9 / 8}}});
-  const std::vector<std::string> wanted = SplitList(a.traces);
   std::erase_if(traces, [&](const Trace& t) {
     const std::string key = t.name.rfind("1gbit->", 0) == 0 ? "drop" : t.name;
     return std::find(wanted.begin(), wanted.end(), key) == wanted.end();
@@ -214,8 +224,6 @@ int RunBenchStream(const BenchStreamArgs& a) {
   for (uint32_t l = 0; l < a.levels; ++l) names.push_back("fixed-" + std::to_string(l));
   const size_t k = names.size();
   std::map<std::string, Stat> stats;
-  std::vector<double> factors;
-  for (const std::string& f : SplitList(a.factors)) factors.push_back(std::stod(f));
 
   const size_t kAdaptive = a.previous ? 3 : 2;  // clients before the fixed ones
   for (const Trace& tr : traces) {
@@ -349,11 +357,12 @@ int RunBenchStream(const BenchStreamArgs& a) {
   // base + x ms is out of every client's reach while the machine runs more
   // than x ms slower than when the row's base was measured.
   std::sort(base_samples.begin(), base_samples.end());
+  std::sort(row_bases.begin(), row_bases.end());  // not empty: a trace and a factor at least (checked above)
   std::printf("\nLocal level-0 fetch+decode, the deadlines' base (%zu fetches over the run, 5 per base): min %.0f, "
               "median %.0f, p90 %.0f, max %.0f ms; the rows' bases %.0f-%.0f ms\n",
               base_samples.size(), Percentile(base_samples, 0), Percentile(base_samples, 0.5),
               Percentile(base_samples, 0.9), Percentile(base_samples, 1),
-              *std::min_element(row_bases.begin(), row_bases.end()), *std::max_element(row_bases.begin(), row_bases.end()));
+              row_bases.front(), row_bases.back());
   if (a.receive_path > 0) {
     const Status st = ReceivePathReport(store->get(), root, tokens, a.chunk_tokens, a.receive_path, local_client, untimed(0));
     if (!st.ok()) return Fail(st);

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 #include <algorithm>
+#include <charconv>
 #include <limits>
 #include <map>
 #include <string_view>
@@ -117,6 +118,19 @@ double Percentile(const std::vector<double>& sorted, double q) {
   // The epsilon keeps 0.99 x 100 (98.99999... in binary) at index 99.
   const double at = q * static_cast<double>(sorted.size()) + 1e-9;
   return sorted[std::min(sorted.size() - 1, static_cast<size_t>(at))];
+}
+
+Result<std::vector<double>> ParsePositiveList(const std::string& option, const std::string& text) {
+  std::vector<double> out;
+  for (const std::string& item : SplitList(text)) {
+    double v = 0;
+    const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+    if (ec != std::errc() || end != item.data() + item.size() || !(v > 0) || !std::isfinite(v))
+      return Status::InvalidArgument(option + ": '" + item + "' is not a number > 0");
+    out.push_back(v);
+  }
+  if (out.empty()) return Status::InvalidArgument(option + ": no values in '" + text + "'");
+  return out;
 }
 
 std::vector<std::string> SplitList(const std::string& s) {

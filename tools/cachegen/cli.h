@@ -63,6 +63,11 @@ int Fail(const Status& st);
 // Splits "a,b,,c" into {"a","b","c"} (empty parts dropped).
 std::vector<std::string> SplitList(const std::string& s);
 
+// Parses `option`'s value, a comma-separated list of finite numbers > 0
+// ("0.3,0.5,1"); kInvalidArgument naming the option and the bad item, or
+// an empty list.
+Result<std::vector<double>> ParsePositiveList(const std::string& option, const std::string& text);
+
 // Median of v (mean of the middle two for an even count; 0 when empty).
 double Median(std::vector<double> v);
 

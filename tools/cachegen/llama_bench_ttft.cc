@@ -10,6 +10,7 @@
 // chunk-by-chunk injection overlap it) + evaluation of the uncached tail
 // (here the one new token), whose logits give the first token.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -252,8 +253,14 @@ nlohmann::json QualityTable(const std::optional<engine::EvalReport>& q, bool jso
 }
 
 int RunBenchTtft(BenchTtftArgs a) {
+  Result<std::vector<double>> lengths = ParsePositiveList("--contexts", a.contexts);
+  if (!lengths.ok()) return Fail(lengths.status());
   std::vector<uint32_t> contexts;
-  for (const std::string& c : SplitList(a.contexts)) contexts.push_back(static_cast<uint32_t>(std::stoul(c)));
+  for (double c : *lengths) {
+    if (c != std::floor(c) || c > 1e9)
+      return Fail(Status::InvalidArgument("--contexts: want whole token counts, got '" + a.contexts + "'"));
+    contexts.push_back(static_cast<uint32_t>(c));
+  }
   std::vector<std::pair<std::string, std::vector<RateStep>>> links;
   for (const std::string& l : SplitList(a.links)) {
     Result<double> rate = ParseRate(l);

@@ -15,6 +15,7 @@
 #include "cachegen/command.h"
 #include "cachegen/store.h"
 #include "store/file_store.h"
+#include "stream_cli.h"
 
 namespace cachegen::cli {
 namespace {
@@ -28,10 +29,8 @@ struct StoreArgs {
   std::string file;  // put: input; get: output
 };
 
-Result<std::unique_ptr<ChunkStore>> Open(const std::string& uri) { return OpenStore(uri); }
-
 int RunStat(const StoreArgs& a) {
-  auto s = Open(a.uri);
+  auto s = OpenStoreToRead(a.uri);
   if (!s.ok()) return Fail(s.status());
   auto* fs = dynamic_cast<store::FileStore*>(s->get());
   if (!fs) {
@@ -80,7 +79,7 @@ int RunStat(const StoreArgs& a) {
 }
 
 int RunVerify(const StoreArgs& a) {
-  auto s = Open(a.uri);
+  auto s = OpenStoreToRead(a.uri);
   if (!s.ok()) return Fail(s.status());
   auto* fs = dynamic_cast<store::FileStore*>(s->get());
   if (!fs) return Fail(Status::InvalidArgument("store verify scans file:// stores only"));
@@ -130,7 +129,7 @@ int RunPut(const StoreArgs& a) {
   std::ifstream in(a.file, std::ios::binary);
   if (!in) return Fail(Status::IOError("cannot open " + a.file));
   const std::vector<uint8_t> frame((std::istreambuf_iterator<char>(in)), {});
-  auto s = Open(a.uri);
+  auto s = OpenStore(a.uri);
   if (!s.ok()) return Fail(s.status());
   const Status st = (*s)->Put(*key, a.level, frame);
   if (!st.ok()) return Fail(st);
@@ -141,7 +140,7 @@ int RunPut(const StoreArgs& a) {
 int RunGet(const StoreArgs& a) {
   auto key = ChunkKey::FromHex(a.key);
   if (!key.ok()) return Fail(key.status());
-  auto s = Open(a.uri);
+  auto s = OpenStoreToRead(a.uri);
   if (!s.ok()) return Fail(s.status());
   auto frame = (*s)->Get(*key, a.level);
   if (!frame.ok()) return Fail(frame.status());

@@ -1,5 +1,6 @@
 // cachegen put / fetch: store a context's chunks, stream them back under a deadline.
 #include <cstdio>
+#include <filesystem>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -11,6 +12,7 @@
 #include "cachegen/stream.h"
 #include "cachegen/stream_client.h"
 #include "kv/io.h"
+#include "store/uri.h"
 #include "stream_cli.h"
 
 namespace cachegen::cli {
@@ -31,9 +33,19 @@ Result<std::string> ReadTokenFile(const std::string& path) {
   return s.substr(b, e - b + 1);
 }
 
-Result<std::unique_ptr<ChunkStore>> OpenTarget(const StoreTarget& t) {
+Result<std::unique_ptr<ChunkStore>> OpenStoreToRead(const std::string& uri) {
+  Result<store::StoreUri> parsed = store::ParseStoreUri(uri);
+  if (parsed.ok() && parsed->scheme == "file") {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(parsed->path, ec))
+      return Status::NotFound("no store at '" + parsed->path + "' (" + parsed->Redacted() + ")");
+  }
+  return OpenStore(uri);  // its errors for a bad URI
+}
+
+Result<std::unique_ptr<ChunkStore>> OpenTarget(const StoreTarget& t, bool to_read) {
   if (t.server.empty() == t.store.empty()) return Status::InvalidArgument("give exactly one of --server and --store");
-  if (!t.store.empty()) return OpenStore(t.store);
+  if (!t.store.empty()) return to_read ? OpenStoreToRead(t.store) : OpenStore(t.store);
   ClientOptions opts;
   if (!t.token_file.empty()) {
     CG_ASSIGN_OR_RETURN(opts.token, ReadTokenFile(t.token_file));
@@ -76,7 +88,7 @@ struct PutArgs {
 int RunPut(const PutArgs& a) {
   Result<std::vector<TokenId>> tokens = LoadTokens(a.tokens);
   if (!tokens.ok()) return Fail(tokens.status());
-  Result<std::unique_ptr<ChunkStore>> store = OpenTarget(a.target);
+  Result<std::unique_ptr<ChunkStore>> store = OpenTarget(a.target, false);
   if (!store.ok()) return Fail(store.status());
   Result<PutStats> stats = Status::Internal("unset");
   uint32_t chunk_tokens = a.chain.chunk_tokens;
@@ -137,7 +149,7 @@ int RunFetch(const FetchArgs& a) {
   Result<DType> dtype = ParseDType(a.dtype);
   if (!dtype.ok()) return Fail(dtype.status());
   if (a.chain.chunk_tokens == 0) return Fail(Status::InvalidArgument("--chunk-tokens must be > 0"));
-  Result<std::unique_ptr<ChunkStore>> store = OpenTarget(a.target);
+  Result<std::unique_ptr<ChunkStore>> store = OpenTarget(a.target, true);
   if (!store.ok()) return Fail(store.status());
   StreamOptions opts;
   opts.deadline_ms = a.deadline_ms;
@@ -157,12 +169,18 @@ int RunFetch(const FetchArgs& a) {
         chunks[c.index] = *c.kv;
       });
   if (!r.ok()) return Fail(r.status());
+  // An unreachable or failing store is an error, not an empty cache.
+  const Status lookup_failed =
+      r->lookup_status.ok() ? Status::Ok()
+                            : Status::IOError("fetch: the store could not answer the lookup: " + r->lookup_status.ToString());
   // Output: the delivered chunks up to the first gap (never a hole filled with zeros).
   uint32_t written_tokens = 0;
   if (!a.output.empty()) {
     uint32_t k = 0;
     while (k < r->cached && r->levels[k] >= 0) ++k;
-    if (k == 0) return Fail(Status::NotFound("fetch: no chunk delivered; nothing written to " + a.output));
+    if (k == 0)
+      return Fail(lookup_failed.ok() ? Status::NotFound("fetch: no chunk delivered; nothing written to " + a.output)
+                                     : lookup_failed);
     KVShape shape = chunks[0].shape();
     shape.tokens = 0;
     for (uint32_t i = 0; i < k; ++i) shape.tokens += chunks[i].shape().tokens;
@@ -194,6 +212,7 @@ int RunFetch(const FetchArgs& a) {
     for (const std::string& e : r->errors) std::printf("  error: %s\n", e.c_str());
     if (!a.output.empty()) std::printf("wrote %u tokens to %s\n", written_tokens, a.output.c_str());
   }
+  if (!lookup_failed.ok()) return Fail(lookup_failed);  // after what was fetched is out
   return 0;
 }
 
