@@ -129,6 +129,8 @@ TEST_F(LlamaServeTest, AnUndecodableChunkIsRecomputedAndTheChunksAfterItStillLoa
   EXPECT_EQ(second->timings.cached_tokens, cacheable - 64);
   EXPECT_EQ(second->timings.recomputed_tokens, first.tokens.size() - (cacheable - 64));
   EXPECT_EQ(second->text, first.text);
+  EXPECT_NE(engine->MetricsText().find("cachegen_llama_fetch_errors_total 1\n"), std::string::npos)
+      << engine->MetricsText();
 }
 
 TEST_F(LlamaServeTest, LossyChunksLoadAndGenerate) {

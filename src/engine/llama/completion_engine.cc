@@ -302,6 +302,13 @@ Result<PrefillResult> LlamaCompletionEngine::Prefill(uint32_t slot, std::span<co
           }
         });
     if (!r.ok()) return r.status();
+    if (!r->errors.empty()) {
+      // The request goes on (what failed is recomputed); the operator sees it.
+      std::lock_guard lock(store_mu_);
+      fetch_errors_ += r->errors.size();
+      if (!r->lookup_status.ok())
+        std::fprintf(stderr, "cachegen llama-serve: cache lookup failed: %s\n", r->lookup_status.message().c_str());
+    }
     if (!inject_status.ok()) return inject_status;
     if (r->bandwidth_bytes_s > 0) last_bandwidth_bytes_s_ = r->bandwidth_bytes_s;
     t.lookup_ms = r->lookup_ms;
@@ -419,7 +426,8 @@ std::string LlamaCompletionEngine::MetricsText() const {
          "cachegen_llama_stored_bytes_total " + std::to_string(stored_bytes_) +
          "\n# TYPE cachegen_llama_store_errors_total counter\ncachegen_llama_store_errors_total " +
          std::to_string(store_errors_) + "\ncachegen_llama_store_dropped_total " + std::to_string(store_dropped_) +
-         "\n";
+         "\n# TYPE cachegen_llama_fetch_errors_total counter\ncachegen_llama_fetch_errors_total " +
+         std::to_string(fetch_errors_) + "\n";
 }
 
 }  // namespace cachegen

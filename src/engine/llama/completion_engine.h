@@ -127,6 +127,7 @@ class LlamaCompletionEngine final : public serve::CompletionEngine {
   std::deque<StoreJob> store_queue_;
   bool store_busy_ = false, stopping_ = false;
   uint64_t stored_chunks_ = 0, stored_bytes_ = 0, store_errors_ = 0, store_dropped_ = 0;
+  uint64_t fetch_errors_ = 0;  // failed prefix lookups and chunks (StreamResult::errors), under store_mu_
   std::thread store_thread_;
 };
 
