@@ -40,6 +40,7 @@ class Metrics {
   }
   void Hit() { hits_.fetch_add(1, std::memory_order_relaxed); }
   void Miss() { misses_.fetch_add(1, std::memory_order_relaxed); }
+  void LookupFailed() { lookup_failures_.fetch_add(1, std::memory_order_relaxed); }
 
   std::string Text(const StoreStats& store) const {
     std::string s;
@@ -62,6 +63,10 @@ class Metrics {
     line("# HELP cachegen_chunk_misses_total Chunk GET/HEAD requests for absent or corrupt chunks.");
     line("# TYPE cachegen_chunk_misses_total counter");
     line("cachegen_chunk_misses_total " + std::to_string(misses_.load()));
+    line("# HELP cachegen_lookup_store_errors_total Lookups the store could not answer for a chunk "
+         "(the prefix ended there).");
+    line("# TYPE cachegen_lookup_store_errors_total counter");
+    line("cachegen_lookup_store_errors_total " + std::to_string(lookup_failures_.load()));
     line("# HELP cachegen_store_corrupt_total Stored chunks that failed verification on read.");
     line("# TYPE cachegen_store_corrupt_total counter");
     line("cachegen_store_corrupt_total " + std::to_string(store.corrupt));
@@ -90,7 +95,7 @@ class Metrics {
   std::array<uint64_t, kBuckets.size()> buckets_{};
   uint64_t latency_count_ = 0;
   double latency_sum_ = 0;
-  std::atomic<uint64_t> hits_{0}, misses_{0};
+  std::atomic<uint64_t> hits_{0}, misses_{0}, lookup_failures_{0};
 };
 
 namespace http = boost::beast::http;
@@ -331,7 +336,10 @@ class HttpService final : public Service {
     nlohmann::json out;
     // The store could not answer for a chunk: the prefix up to it, and why
     // it ended there, so that a client does not take it for a cold cache.
-    if (!failed.ok()) out["error"] = failed.ToString();
+    if (!failed.ok()) {
+      metrics_.LookupFailed();
+      out["error"] = failed.ToString();
+    }
     out["cached"] = found.size();
     out["requested"] = keys.size();
     nlohmann::json chunks = nlohmann::json::array();

@@ -456,6 +456,8 @@ TEST(Lookup, AStoreThatCannotAnswerEndsThePrefixAndSaysWhy) {
   EXPECT_EQ(r->lookup_status.code(), StatusCode::kIOError);
   ASSERT_EQ(r->errors.size(), 1u);
   EXPECT_EQ(r->errors[0].rfind("lookup: ", 0), 0u) << r->errors[0];
+  EXPECT_NE((*service)->MetricsText().find("cachegen_lookup_store_errors_total 2\n"), std::string::npos)
+      << (*service)->MetricsText();
 
   // A missing chunk: the prefix ends, and nothing failed.
   ASSERT_TRUE((*mem)->Delete(keys[1], 0).ok() && (*mem)->Delete(keys[1], 1).ok() && (*mem)->Delete(keys[1], 2).ok());
