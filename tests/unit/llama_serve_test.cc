@@ -133,6 +133,53 @@ TEST_F(LlamaServeTest, AnUndecodableChunkIsRecomputedAndTheChunksAfterItStillLoa
       << engine->MetricsText();
 }
 
+// A store that answers nothing (a cache server that is down).
+class DownStore : public ChunkStore {
+ public:
+  Status Put(const ChunkKey&, uint32_t, std::span<const uint8_t>) override { return Down(); }
+  Result<std::vector<uint8_t>> Get(const ChunkKey&, uint32_t) override { return Down(); }
+  Result<uint64_t> Size(const ChunkKey&, uint32_t) override { return Down(); }
+  Status Delete(const ChunkKey&, uint32_t) override { return Down(); }
+  StoreStats stats() const override { return {}; }
+  std::string uri() const override { return "down://"; }
+
+ private:
+  static Status Down() { return Status::IOError("store down"); }
+};
+
+// With its store down, every request is served by a full prefill; the
+// failed lookups count in /metrics and are logged once, not per request.
+TEST_F(LlamaServeTest, AStoreThatIsDownCostsAPrefillAndOneLogLine) {
+  DownStore down;
+  store_.reset();
+  LlamaServeOptions o;
+  o.n_ctx = 512;
+  o.codec.codec = "fp16";
+  o.codec.levels = 1;
+  o.codec.chunk_tokens = 64;
+  o.model_fingerprint = "stories260K-test";
+  auto engine = LlamaCompletionEngine::Create(model_, &down, o);
+  ASSERT_TRUE(engine.ok()) << engine.status().message();
+  auto tokens = (*engine)->PromptTokens(Request());
+  ASSERT_TRUE(tokens.ok());
+  testing::internal::CaptureStderr();
+  for (int i = 0; i < 3; ++i) {
+    auto r = (*engine)->Complete(0, Request(), Ignore);
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    EXPECT_EQ(r->timings.cached_tokens, 0u);
+    EXPECT_EQ(r->timings.recomputed_tokens, tokens->size());
+  }
+  (*engine)->FlushStores();
+  const std::string log = testing::internal::GetCapturedStderr();
+  size_t lines = 0;
+  const std::string line = "cache lookup failed";
+  for (size_t at = log.find(line); at != std::string::npos; at = log.find(line, at + 1)) ++lines;
+  EXPECT_EQ(lines, 1u) << log;
+  EXPECT_NE(log.find("store down"), std::string::npos) << log;
+  EXPECT_NE((*engine)->MetricsText().find("cachegen_llama_fetch_errors_total 3\n"), std::string::npos)
+      << (*engine)->MetricsText();
+}
+
 TEST_F(LlamaServeTest, LossyChunksLoadAndGenerate) {
   auto engine = Engine("cachegen", 2);
   ASSERT_TRUE(engine);

@@ -306,8 +306,7 @@ Result<PrefillResult> LlamaCompletionEngine::Prefill(uint32_t slot, std::span<co
       // The request goes on (what failed is recomputed); the operator sees it.
       std::lock_guard lock(store_mu_);
       fetch_errors_ += r->errors.size();
-      if (!r->lookup_status.ok())
-        std::fprintf(stderr, "cachegen llama-serve: cache lookup failed: %s\n", r->lookup_status.message().c_str());
+      if (!r->lookup_status.ok()) LogLookupFailure(r->lookup_status);
     }
     if (!inject_status.ok()) return inject_status;
     if (r->bandwidth_bytes_s > 0) last_bandwidth_bytes_s_ = r->bandwidth_bytes_s;
@@ -412,6 +411,21 @@ void LlamaCompletionEngine::StoreWorker() {
     }
     store_cv_.notify_all();
   }
+}
+
+void LlamaCompletionEngine::LogLookupFailure(const Status& st) {
+  constexpr std::chrono::seconds kLookupLogInterval{10};
+  const Clock::time_point now = Clock::now();
+  if (last_lookup_log_ != Clock::time_point{} && now - last_lookup_log_ < kLookupLogInterval) {
+    ++lookup_failures_unlogged_;
+    return;
+  }
+  std::string more;
+  if (lookup_failures_unlogged_ > 0)
+    more = " (and " + std::to_string(lookup_failures_unlogged_) + " more since the last report)";
+  std::fprintf(stderr, "cachegen llama-serve: cache lookup failed: %s%s\n", st.message().c_str(), more.c_str());
+  last_lookup_log_ = now;
+  lookup_failures_unlogged_ = 0;
 }
 
 void LlamaCompletionEngine::FlushStores() {

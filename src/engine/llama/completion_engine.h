@@ -15,6 +15,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -102,6 +103,8 @@ class LlamaCompletionEngine final : public serve::CompletionEngine {
   Status MeasureTokenEval();
   void EnqueueStore(std::vector<int32_t> tokens, CapturedKV captured);
   void StoreWorker();
+  // Logs a failed prefix lookup (rate-limited); store_mu_ held.
+  void LogLookupFailure(const Status& st);
 
   std::shared_ptr<LlamaModel> model_;
   std::vector<std::unique_ptr<LlamaContext>> contexts_;
@@ -128,6 +131,11 @@ class LlamaCompletionEngine final : public serve::CompletionEngine {
   bool store_busy_ = false, stopping_ = false;
   uint64_t stored_chunks_ = 0, stored_bytes_ = 0, store_errors_ = 0, store_dropped_ = 0;
   uint64_t fetch_errors_ = 0;  // failed prefix lookups and chunks (StreamResult::errors), under store_mu_
+  // Failed lookups are logged at most every kLookupLogInterval; the ones in
+  // between are counted into the next line (a store that is down fails every
+  // request). Under store_mu_.
+  std::chrono::steady_clock::time_point last_lookup_log_{};
+  uint64_t lookup_failures_unlogged_ = 0;
   std::thread store_thread_;
 };
 
