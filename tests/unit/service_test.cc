@@ -341,17 +341,22 @@ TEST_P(ServiceTest, ChunksArrivedEarlyAreDecodedAheadAndHandedOverInOrder) {
   }
 }
 
-// A store whose every read takes at least 2.6 ms, and which counts the reads
-// that ended before two were first in flight at once.
+// A store whose first two reads take at least 2.6 ms, later ones 50 ms, and
+// which counts the reads that ended before two were first in flight at once.
+// Later reads are long so that two requests issued together are seen
+// together: a fetch thread that starts its read a few ms late (ASan on a
+// loaded 2-core machine) must not make the read before it look alone.
 class SlowReadsStore : public ForwardingStore {
  public:
   explicit SlowReadsStore(ChunkStore* inner) : ForwardingStore(inner) {}
   Result<std::vector<uint8_t>> Get(const ChunkKey& key, uint32_t level) override {
+    int started = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      started = ++reads_started_;
       if (++in_flight_ >= 2 && solo_reads_ < 0) solo_reads_ = reads_done_;
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(2600));
+    std::this_thread::sleep_for(std::chrono::microseconds(started <= 2 ? 2600 : 50000));
     auto frame = ForwardingStore::Get(key, level);
     std::lock_guard<std::mutex> lock(mu_);
     --in_flight_;
@@ -365,7 +370,7 @@ class SlowReadsStore : public ForwardingStore {
 
  private:
   std::mutex mu_;
-  int in_flight_ = 0, reads_done_ = 0, solo_reads_ = -1;
+  int in_flight_ = 0, reads_started_ = 0, reads_done_ = 0, solo_reads_ = -1;
 };
 
 // A cold adaptive client requests one chunk at a time until it has an
