@@ -79,6 +79,12 @@ class ChunkStore {
 // command, default 2000) and pool (idle connections per server, default 8).
 // Unknown schemes, unknown parameters or malformed URIs are kInvalidArgument;
 // a Redis server or cluster that does not answer at open is kIOError.
-Result<std::unique_ptr<ChunkStore>> OpenStore(const std::string& uri);
+struct OpenStoreOptions {
+  // file://: create the store's directory where it is missing. false (for
+  // commands that only read): a missing directory is kNotFound, so that a
+  // mistyped path is not read as an empty store and left behind.
+  bool create = true;
+};
+Result<std::unique_ptr<ChunkStore>> OpenStore(const std::string& uri, const OpenStoreOptions& options = {});
 
 }  // namespace cachegen

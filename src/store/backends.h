@@ -31,7 +31,7 @@ struct StatsCounters {
 std::string Address(const ChunkKey& key, uint32_t level);
 
 Result<std::unique_ptr<ChunkStore>> OpenMemStore(StoreUri uri);
-Result<std::unique_ptr<ChunkStore>> OpenFileStore(StoreUri uri);
+Result<std::unique_ptr<ChunkStore>> OpenFileStore(StoreUri uri, bool create);
 Result<std::unique_ptr<ChunkStore>> OpenRedisStore(StoreUri uri);         // redis://
 Result<std::unique_ptr<ChunkStore>> OpenRedisClusterStore(StoreUri uri);  // redis-cluster://
 

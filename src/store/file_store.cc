@@ -111,10 +111,15 @@ FileStore::~FileStore() {
   if (root_fd_ >= 0) ::close(root_fd_);
 }
 
-Result<std::unique_ptr<FileStore>> FileStore::Open(const std::string& root, uint64_t max_bytes, std::string uri) {
+Result<std::unique_ptr<FileStore>> FileStore::Open(const std::string& root, uint64_t max_bytes, std::string uri,
+                                                   bool create) {
   std::error_code ec;
-  std::filesystem::create_directories(root, ec);
-  if (ec) return Status::IOError("store directory " + root + ": " + ec.message());
+  if (!create) {
+    if (!std::filesystem::is_directory(root, ec)) return Status::NotFound("no store at '" + root + "'");
+  } else {
+    std::filesystem::create_directories(root, ec);
+    if (ec) return Status::IOError("store directory " + root + ": " + ec.message());
+  }
   std::unique_ptr<FileStore> s(new FileStore(root, max_bytes, std::move(uri)));
   s->root_fd_ = ::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (s->root_fd_ < 0) return Status::IOError(Errno("store directory " + root));
@@ -315,13 +320,13 @@ void FileStore::Evict(const std::string& keep) {
   used_.store(total, std::memory_order_relaxed);
 }
 
-Result<std::unique_ptr<ChunkStore>> OpenFileStore(StoreUri uri) {
+Result<std::unique_ptr<ChunkStore>> OpenFileStore(StoreUri uri, bool create) {
   if (!uri.authority.empty() || !uri.userinfo.empty() || uri.path.empty())
     return Status::InvalidArgument("store URI '" + uri.Redacted() +
                                    "': file:// needs an absolute path, as file:///abs/path");
   CG_ASSIGN_OR_RETURN(const uint64_t max_bytes, uri.TakeSize("max_bytes", 0));
   CG_RETURN_IF_ERROR(uri.CheckNoneLeft());
-  CG_ASSIGN_OR_RETURN(auto store, FileStore::Open(uri.path, max_bytes, uri.text));
+  CG_ASSIGN_OR_RETURN(auto store, FileStore::Open(uri.path, max_bytes, uri.text, create));
   return std::unique_ptr<ChunkStore>(std::move(store));
 }
 

@@ -32,7 +32,9 @@ namespace cachegen::store {
 class FileStore final : public ChunkStore {
  public:
   // Creates `root` (and parents) when missing; removes stale temp files.
-  static Result<std::unique_ptr<FileStore>> Open(const std::string& root, uint64_t max_bytes, std::string uri);
+  // create = false: a missing root is kNotFound (OpenStoreOptions::create).
+  static Result<std::unique_ptr<FileStore>> Open(const std::string& root, uint64_t max_bytes, std::string uri,
+                                                 bool create = true);
   ~FileStore() override;
 
   Status Put(const ChunkKey& key, uint32_t level, std::span<const uint8_t> frame) override;

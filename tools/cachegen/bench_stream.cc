@@ -1,12 +1,14 @@
 // cachegen bench-stream: adaptive vs fixed-level streaming over an emulated
 // link (an in-process service whose GETs pass one shared LinkShaper).
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <map>
 #include <string>
+#include <string_view>
 
 #include <CLI/CLI.hpp>
 
@@ -29,8 +31,12 @@ struct BenchStreamArgs {
   uint32_t receive_path = 20;  // level-0 fetches of the receive-path report, each way (0 = none)
 };
 
+// --traces names, in the order the table runs them.
+constexpr std::array<std::string_view, 4> kTraceKeys = {"0.1gbit", "1gbit", "10gbit", "drop"};
+
 struct Trace {
-  std::string name;
+  std::string_view key;  // its --traces name
+  std::string name;      // as the table prints it
   std::vector<RateStep> steps;
 };
 
@@ -134,7 +140,7 @@ int RunBenchStream(const BenchStreamArgs& a) {
   const std::vector<std::string> wanted = SplitList(a.traces);
   if (wanted.empty()) return Fail(Status::InvalidArgument("--traces: no traces in '" + a.traces + "'"));
   for (const std::string& t : wanted)
-    if (t != "0.1gbit" && t != "1gbit" && t != "10gbit" && t != "drop")
+    if (std::find(kTraceKeys.begin(), kTraceKeys.end(), t) == kTraceKeys.end())
       return Fail(Status::InvalidArgument("--traces: unknown trace '" + t + "' (want 0.1gbit, 1gbit, 10gbit, drop)"));
   Result<KVTensor> kv = LoadInput("synthetic:" + a.synthetic);
   if (!kv.ok()) return Fail(kv.status());
@@ -192,14 +198,16 @@ int RunBenchStream(const BenchStreamArgs& a) {
     local_level_ms.push_back(*ms);
   }
 
-  std::vector<Trace> traces = {{"0.1gbit", {{0, 0.1e9 / 8}}}, {"1gbit", {{0, 1e9 / 8}}}, {"10gbit", {{0, 10e9 / 8}}}};
+  // The constant links print as their keys.
+  std::vector<Trace> traces = {{kTraceKeys[0], std::string(kTraceKeys[0]), {{0, 0.1e9 / 8}}},
+                               {kTraceKeys[1], std::string(kTraceKeys[1]), {{0, 1e9 / 8}}},
+                               {kTraceKeys[2], std::string(kTraceKeys[2]), {{0, 10e9 / 8}}}};
   const double drop_at = 0.4 * level_bytes[0] / (1e9 / 8);
   char drop_name[64];
   std::snprintf(drop_name, sizeof drop_name, "1gbit->0.1gbit@%.0fms", drop_at * 1000);
-  traces.push_back({drop_name, {{0, 1e9 / 8}, {drop_at, 0.1e9 / 8}}});
+  traces.push_back({kTraceKeys[3], drop_name, {{0, 1e9 / 8}, {drop_at, 0.1e9 / 8}}});
   std::erase_if(traces, [&](const Trace& t) {
-    const std::string key = t.name.rfind("1gbit->", 0) == 0 ? "drop" : t.name;
-    return std::find(wanted.begin(), wanted.end(), key) == wanted.end();
+    return std::find(wanted.begin(), wanted.end(), t.key) == wanted.end();
   });
 
   std::printf("bench-stream: %s, %u chunks of %u tokens, levels %u; MB per level:", kv->shape().ToString().c_str(),

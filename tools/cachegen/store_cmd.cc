@@ -15,7 +15,6 @@
 #include "cachegen/command.h"
 #include "cachegen/store.h"
 #include "store/file_store.h"
-#include "stream_cli.h"
 
 namespace cachegen::cli {
 namespace {
@@ -30,7 +29,7 @@ struct StoreArgs {
 };
 
 int RunStat(const StoreArgs& a) {
-  auto s = OpenStoreToRead(a.uri);
+  auto s = OpenStore(a.uri, {.create = false});
   if (!s.ok()) return Fail(s.status());
   auto* fs = dynamic_cast<store::FileStore*>(s->get());
   if (!fs) {
@@ -79,7 +78,7 @@ int RunStat(const StoreArgs& a) {
 }
 
 int RunVerify(const StoreArgs& a) {
-  auto s = OpenStoreToRead(a.uri);
+  auto s = OpenStore(a.uri, {.create = false});
   if (!s.ok()) return Fail(s.status());
   auto* fs = dynamic_cast<store::FileStore*>(s->get());
   if (!fs) return Fail(Status::InvalidArgument("store verify scans file:// stores only"));
@@ -140,7 +139,7 @@ int RunPut(const StoreArgs& a) {
 int RunGet(const StoreArgs& a) {
   auto key = ChunkKey::FromHex(a.key);
   if (!key.ok()) return Fail(key.status());
-  auto s = OpenStoreToRead(a.uri);
+  auto s = OpenStore(a.uri, {.create = false});
   if (!s.ok()) return Fail(s.status());
   auto frame = (*s)->Get(*key, a.level);
   if (!frame.ok()) return Fail(frame.status());

@@ -1,6 +1,5 @@
 // cachegen put / fetch: store a context's chunks, stream them back under a deadline.
 #include <cstdio>
-#include <filesystem>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -12,7 +11,6 @@
 #include "cachegen/stream.h"
 #include "cachegen/stream_client.h"
 #include "kv/io.h"
-#include "store/uri.h"
 #include "stream_cli.h"
 
 namespace cachegen::cli {
@@ -33,19 +31,9 @@ Result<std::string> ReadTokenFile(const std::string& path) {
   return s.substr(b, e - b + 1);
 }
 
-Result<std::unique_ptr<ChunkStore>> OpenStoreToRead(const std::string& uri) {
-  Result<store::StoreUri> parsed = store::ParseStoreUri(uri);
-  if (parsed.ok() && parsed->scheme == "file") {
-    std::error_code ec;
-    if (!std::filesystem::is_directory(parsed->path, ec))
-      return Status::NotFound("no store at '" + parsed->path + "' (" + parsed->Redacted() + ")");
-  }
-  return OpenStore(uri);  // its errors for a bad URI
-}
-
 Result<std::unique_ptr<ChunkStore>> OpenTarget(const StoreTarget& t, bool to_read) {
   if (t.server.empty() == t.store.empty()) return Status::InvalidArgument("give exactly one of --server and --store");
-  if (!t.store.empty()) return to_read ? OpenStoreToRead(t.store) : OpenStore(t.store);
+  if (!t.store.empty()) return OpenStore(t.store, {.create = !to_read});
   ClientOptions opts;
   if (!t.token_file.empty()) {
     CG_ASSIGN_OR_RETURN(opts.token, ReadTokenFile(t.token_file));
