@@ -3,7 +3,8 @@
 // each chunk's quality level to the measured bandwidth (LevelPlanner).
 //
 // Fetch looks up the longest cached prefix, then requests chunks in order
-// with up to `inflight` requests outstanding (and at most `read_ahead` chunks
+// with up to `inflight` requests outstanding (beyond two, only while they
+// take less than `queue_ms` at the measured rate; at most `read_ahead` chunks
 // requested or fetched ahead of the decoder), decodes chunk i while later
 // chunks are in flight, and hands each decoded chunk to the callback in chunk
 // order as soon as it is ready, on the calling thread, so an engine can
@@ -42,11 +43,12 @@ struct StreamOptions {
   // decoder is the slower stage, and keeps level choices for later chunks
   // until the decode times seen so far can inform them.
   uint32_t read_ahead = 8;
-  // Adaptive only: beyond two outstanding requests, issue another only while
-  // the outstanding bytes take less than this at the estimated bandwidth.
-  // Enough to keep a fast link busy; bounds what a bandwidth drop strands in
-  // flight at levels chosen for the old rate (re-issuing coarser handles the
-  // rest).
+  // Beyond two outstanding requests, issue another only while the
+  // outstanding bytes take less than this at the estimated bandwidth (and
+  // none while it is unknown). Enough to keep a fast link busy; requests
+  // that share a slow link arrive together, which delays the first decode;
+  // and it bounds what a bandwidth drop strands in flight at levels chosen
+  // for the old rate (the adaptive client re-issues the rest coarser).
   double queue_ms = 10;
   int fixed_level = -1;                // >= 0: always this level (no adaptation; a baseline)
   double initial_bandwidth_bytes_s = 0;  // prior; 0 = unknown (the first chunk alone probes, at the finest level)

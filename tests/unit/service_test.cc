@@ -8,6 +8,8 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -341,22 +343,22 @@ TEST_P(ServiceTest, ChunksArrivedEarlyAreDecodedAheadAndHandedOverInOrder) {
   }
 }
 
-// A store whose first two reads take at least 2.6 ms, later ones 50 ms, and
-// which counts the reads that ended before two were first in flight at once.
-// Later reads are long so that two requests issued together are seen
-// together: a fetch thread that starts its read a few ms late (ASan on a
-// loaded 2-core machine) must not make the read before it look alone.
+// A store whose n-th read (from 1) takes at least delay_us(n), and which
+// counts the most reads in flight at once and the reads that ended before
+// two were first in flight at once.
 class SlowReadsStore : public ForwardingStore {
  public:
-  explicit SlowReadsStore(ChunkStore* inner) : ForwardingStore(inner) {}
+  SlowReadsStore(ChunkStore* inner, std::function<int(int)> delay_us)
+      : ForwardingStore(inner), delay_us_(std::move(delay_us)) {}
   Result<std::vector<uint8_t>> Get(const ChunkKey& key, uint32_t level) override {
     int started = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
       started = ++reads_started_;
-      if (++in_flight_ >= 2 && solo_reads_ < 0) solo_reads_ = reads_done_;
+      most_in_flight_ = std::max(most_in_flight_, ++in_flight_);
+      if (in_flight_ >= 2 && solo_reads_ < 0) solo_reads_ = reads_done_;
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(started <= 2 ? 2600 : 50000));
+    std::this_thread::sleep_for(std::chrono::microseconds(delay_us_(started)));
     auto frame = ForwardingStore::Get(key, level);
     std::lock_guard<std::mutex> lock(mu_);
     --in_flight_;
@@ -367,31 +369,41 @@ class SlowReadsStore : public ForwardingStore {
     std::lock_guard<std::mutex> lock(mu_);
     return solo_reads_;
   }
+  int most_in_flight() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return most_in_flight_;
+  }
 
  private:
+  std::function<int(int)> delay_us_;
   std::mutex mu_;
-  int in_flight_ = 0, reads_started_ = 0, reads_done_ = 0, solo_reads_ = -1;
+  int in_flight_ = 0, most_in_flight_ = 0, reads_started_ = 0, reads_done_ = 0, solo_reads_ = -1;
 };
 
-// A cold adaptive client requests one chunk at a time until it has an
-// estimate. Two reads of 2.6 ms and about 260 KB each pass the estimate's
-// 5 ms and 256 KB, counted from the first request: the third request goes
-// out with others. (Counted from the client's first look at the link, a 2 ms
-// tick after the first request, the estimate needed a third read alone.)
+// Five chunks of 256 tokens (about 260 KB each at level 0), two levels, put
+// into a new mem:// store.
+std::unique_ptr<ChunkStore> PutFiveChunks(TestContext* c) {
+  c->chunk_tokens = 256;
+  c->kv = std::move(SyntheticKV({4, 4, 128, 5 * c->chunk_tokens}, DType::kF16, 7)).value();
+  for (uint32_t i = 0; i < c->kv.shape().tokens; ++i) c->tokens.push_back(static_cast<TokenId>(i * 7919 % 32000));
+  c->root = ChainRoot("test-model", "test-profile", c->chunk_tokens);
+  c->config.chunk_tokens = c->chunk_tokens;
+  c->config.levels = 2;
+  auto enc = Encoder::Create(c->config);
+  auto mem = OpenStore("mem://");
+  if (!enc.ok() || !mem.ok() || !PutContext(**mem, c->root, c->tokens, c->kv.view(), *enc).ok()) return nullptr;
+  return std::move(*mem);
+}
+
 TEST(StreamStart, TheFirstEstimateCountsTheProbeFromItsRequest) {
   TestContext c;
-  c.chunk_tokens = 256;
-  c.kv = std::move(SyntheticKV({4, 4, 128, 5 * c.chunk_tokens}, DType::kF16, 7)).value();
-  for (uint32_t i = 0; i < c.kv.shape().tokens; ++i) c.tokens.push_back(static_cast<TokenId>(i * 7919 % 32000));
-  c.root = ChainRoot("test-model", "test-profile", c.chunk_tokens);
-  c.config.chunk_tokens = c.chunk_tokens;
-  c.config.levels = 2;
-  auto enc = Encoder::Create(c.config);
-  ASSERT_TRUE(enc.ok());
-  auto mem = OpenStore("mem://");
-  ASSERT_TRUE(mem.ok());
-  ASSERT_TRUE(PutContext(**mem, c.root, c.tokens, c.kv.view(), *enc).ok());
-  SlowReadsStore slow(mem->get());
+  std::unique_ptr<ChunkStore> mem = PutFiveChunks(&c);
+  ASSERT_TRUE(mem);
+  // The first two reads take 2.6 ms, later ones 50 ms, so that two requests
+  // issued together are seen together: a fetch thread that starts its read
+  // a few ms late (ASan on a loaded 2-core machine) must not make the read
+  // before it look alone.
+  SlowReadsStore slow(mem.get(), [](int n) { return n <= 2 ? 2600 : 50000; });
   StreamClient client(&slow);
   StreamOptions opts;
   opts.deadline_ms = 60000;
@@ -403,6 +415,28 @@ TEST(StreamStart, TheFirstEstimateCountsTheProbeFromItsRequest) {
   EXPECT_TRUE(r->recompute.empty());
   ASSERT_GE(slow.solo_reads(), 0) << "no two reads were ever in flight at once";
   EXPECT_LE(slow.solo_reads(), 2);
+}
+
+// A fixed-level client keeps two requests in flight while more would queue
+// over 10 ms of transfer (each 260 KB frame takes 30 ms here): requests
+// beyond that would share the link and delay the first chunk. Two from the
+// start, before the first read has measured the link.
+TEST(StreamStart, AFixedLevelClientQueuesNoMoreThanTheLinkNeeds) {
+  TestContext c;
+  std::unique_ptr<ChunkStore> mem = PutFiveChunks(&c);
+  ASSERT_TRUE(mem);
+  SlowReadsStore slow(mem.get(), [](int) { return 30000; });
+  StreamClient client(&slow);
+  StreamOptions opts;
+  opts.deadline_ms = 60000;
+  opts.inflight = 4;
+  opts.fixed_level = 0;
+  auto r = client.FetchTokens(c.root, c.tokens, c.chunk_tokens, opts, [&](const StreamedChunk& s) {
+    ExpectDirectDecode(c, s);
+  });
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->levels, (std::vector<int>{0, 0, 0, 0, 0}));
+  EXPECT_EQ(slow.most_in_flight(), 2);
 }
 
 // A store that cannot answer for one chunk (a disk or a Redis node that
