@@ -11,6 +11,7 @@
 // Not thread-safe: one context is used by one thread at a time.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -91,6 +92,12 @@ struct LlamaContextOptions {
   // q as [tokens][heads][head_dim] f32. Setting it splits llama.cpp's graph at
   // every layer's query (slower); the probe evaluation Create makes is not reported.
   std::function<void(uint32_t layer, int32_t pos0, std::span<const float> q)> query_observer;
+  // Shutdown: while *abort is true, Eval fails at once, and an Eval running
+  // when it is set ends early (llama.cpp's abort callback, checked between
+  // the graph's nodes on the CPU backend), so that a long prefill does not
+  // hold a server's Stop. The context then holds an unknown part of that
+  // batch: Clear it before using it again. Not owned; null: never.
+  const std::atomic<bool>* abort = nullptr;
 };
 
 class LlamaContext : public EngineAdapter {

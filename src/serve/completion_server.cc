@@ -97,9 +97,11 @@ class ServerImpl final : public CompletionServer {
   int port() const override { return server_->port(); }
   void Stop() override {
     std::lock_guard lock(stop_mu_);
-    // Generation ends at its next piece of text (the engine's callback);
+    // Generation ends at its next piece of text (the engine's callback), a
+    // prefill where the engine can abort it (CompletionEngine::Abort);
     // HttpServer::Stop waits for every running handler.
     if (stopping_.exchange(true)) return;
+    engine_->Abort();
     pool_.Close();
     if (server_) server_->Stop();
   }

@@ -32,6 +32,10 @@ class CompletionEngine {
                                             const std::function<bool(const std::string&)>& on_text) = 0;
   // Extra Prometheus lines (the engine's own counters); may be empty.
   virtual std::string MetricsText() const { return {}; }
+  // Shutdown: running and later Completes end early with an error,
+  // mid-prefill too, rather than at their next piece of text. For good: an
+  // engine that has aborted serves no more.
+  virtual void Abort() {}
 };
 
 struct CompletionServerOptions {
@@ -52,8 +56,9 @@ class CompletionServer {
   virtual int port() const = 0;
   // Stops accepting, ends every generation at its next piece of text
   // (streamed or not) and every connection's I/O, waits for running
-  // requests, joins the threads. A prompt being prefilled runs to its end
-  // first. Idempotent.
+  // requests, joins the threads. A prompt being prefilled ends early where
+  // the engine can abort it (CompletionEngine::Abort; the llama engine on
+  // the CPU backend), else runs to its end first. Idempotent.
   virtual void Stop() = 0;
 };
 

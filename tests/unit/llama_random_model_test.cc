@@ -3,6 +3,7 @@
 // Needs no ../shared.
 #include "engine/llama/random_model.h"
 
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 
@@ -65,6 +66,41 @@ TEST_F(RandomModelTest, CaptureInjectIsBitExactAndQuantizedIsRefused) {
     ASSERT_EQ(got.size(), want.size());
     EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size_bytes()), 0);
   }
+}
+
+// The abort flag ends an evaluation between layers and fails the next ones
+// at once; cleared, the context evaluates again.
+TEST_F(RandomModelTest, AnAbortEndsTheEvaluationEarly) {
+  ASSERT_TRUE(model_);
+  std::atomic<bool> abort{false};
+  bool abort_at_first_layer = true;
+  std::vector<uint32_t> layers_seen;
+  LlamaContextOptions o;
+  o.n_ctx = 64;
+  o.threads = 1;
+  o.abort = &abort;
+  o.query_observer = [&](uint32_t layer, int32_t, std::span<const float>) {
+    layers_seen.push_back(layer);
+    if (abort_at_first_layer) abort = true;  // as a server's Stop would, while the first layer runs
+  };
+  auto ctx = LlamaContext::Create(*model_, o);
+  ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
+  std::vector<int32_t> toks = {1};
+  for (int i = 0; i < 40; ++i) toks.push_back(260 + (i * 7) % 100);
+  Status st = (*ctx)->Eval(toks, 0);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("aborted"), std::string::npos) << st.ToString();
+  EXPECT_EQ(layers_seen, std::vector<uint32_t>{0}) << "layer 1 ran after the abort";
+  st = (*ctx)->Eval(toks, 0);
+  EXPECT_NE(st.message().find("aborted"), std::string::npos) << st.ToString();
+  EXPECT_EQ(layers_seen.size(), 1u) << "an evaluation started while aborting";
+
+  abort = false;
+  abort_at_first_layer = false;
+  (*ctx)->Clear();
+  layers_seen.clear();
+  EXPECT_TRUE((*ctx)->Eval(toks, 0).ok());
+  EXPECT_EQ(layers_seen, (std::vector<uint32_t>{0, 1}));
 }
 
 TEST(RandomModelPresetTest, RejectsBadShapes) {

@@ -18,6 +18,8 @@ namespace {
 using nlohmann::json;
 
 // Emits the prompt's words one by one; can be held at the start of a request.
+// The prompt "forever" generates for a minute, "prefill" works for a minute
+// without text (a long prompt's prefill) unless aborted.
 class WordEngine : public CompletionEngine {
  public:
   uint32_t slots() const override { return 1; }
@@ -31,6 +33,13 @@ class WordEngine : public CompletionEngine {
       cv_.wait(lock, [&] { return !hold_; });
     }
     if (req.prompt == "fail") return Status::Internal("engine failed");
+    if (req.prompt == "prefill") {
+      while (prefill_steps_ < kForever && !aborted_) {
+        ++prefill_steps_;
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      return Status::Internal("prefill aborted");
+    }
     CompletionResult r;
     if (req.prompt == "forever") {  // a word a millisecond, for a minute, until told to stop
       while (emitted_ < kForever && on_text("w")) {
@@ -56,6 +65,7 @@ class WordEngine : public CompletionEngine {
     r.timings.ttft_ms = 1.5;
     return r;
   }
+  void Abort() override { aborted_ = true; }
   void Hold(bool h) {
     std::lock_guard lock(mu_);
     hold_ = h;
@@ -67,6 +77,8 @@ class WordEngine : public CompletionEngine {
   }
   static constexpr int kForever = 60000;
   std::atomic<int> emitted_{0};  // words of "forever" requests
+  std::atomic<int> prefill_steps_{0};
+  std::atomic<bool> aborted_{false};
 
  private:
   std::mutex mu_;
@@ -180,6 +192,16 @@ TEST_F(CompletionServerTest, StopEndsAGenerationThatIsNotStreamed) {
   server_->Stop();
   client.join();
   EXPECT_LT(engine_.emitted_, WordEngine::kForever);
+}
+
+TEST_F(CompletionServerTest, StopAbortsAPrefill) {
+  // A prefill sends no text, so only the engine's Abort ends it early.
+  std::thread client([&] { Client().Post("/v1/completions", R"({"prompt":"prefill"})", "application/json"); });
+  while (engine_.prefill_steps_ < 5) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  server_->Stop();
+  client.join();
+  EXPECT_TRUE(engine_.aborted_);
+  EXPECT_LT(engine_.prefill_steps_, WordEngine::kForever);
 }
 
 }  // namespace

@@ -116,6 +116,7 @@ Result<std::unique_ptr<LlamaCompletionEngine>> LlamaCompletionEngine::Create(std
   co.threads_batch = options.threads_batch;
   co.n_seq = 2;  // sequence 0 holds the request, kScratchSeq stages injected chunks
   co.unified = true;
+  co.abort = &e->aborting_;
   for (uint32_t i = 0; i < options.slots; ++i) {
     Result<std::unique_ptr<LlamaContext>> ctx = LlamaContext::Create(e->model_, co);
     if (!ctx.ok()) return ctx.status();

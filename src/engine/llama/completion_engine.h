@@ -75,6 +75,9 @@ class LlamaCompletionEngine final : public serve::CompletionEngine {
   Result<serve::CompletionResult> Complete(uint32_t slot, const serve::CompletionRequest& req,
                                            const std::function<bool(const std::string&)>& on_text) override;
   std::string MetricsText() const override;
+  // Every slot's evaluation ends early (LlamaContextOptions::abort), and
+  // later ones fail at once.
+  void Abort() override { aborting_ = true; }
 
   // Tokens of a request's prompt (chat: through the model's chat template).
   Result<std::vector<int32_t>> PromptTokens(const serve::CompletionRequest& req) const;
@@ -117,6 +120,7 @@ class LlamaCompletionEngine final : public serve::CompletionEngine {
   double recompute_tokens_per_s_ = 0;
   double token_eval_ms_ = 0;
   std::atomic<double> last_bandwidth_bytes_s_{0};  // planner prior shared by the slots
+  std::atomic<bool> aborting_{false};               // Abort, read by every slot's context
 
   // Background encode+store of new chunks: one worker, a bounded queue (when
   // full, the oldest job is dropped: storing is an optimisation, never a

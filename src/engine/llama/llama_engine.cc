@@ -23,6 +23,8 @@
 namespace cachegen {
 namespace {
 
+constexpr const char* kEvalAborted = "evaluation aborted: the engine is stopping";
+
 void QuietLog(ggml_log_level level, const char* text, void*) {
   if (level == GGML_LOG_LEVEL_ERROR) std::fputs(text, stderr);
 }
@@ -188,6 +190,10 @@ Result<std::unique_ptr<LlamaContext>> LlamaContext::Create(std::shared_ptr<Llama
     cp.cb_eval = &LlamaContext::ObserveQueries;
     cp.cb_eval_user_data = out.get();
   }
+  if (options.abort) {
+    cp.abort_callback = [](void* flag) { return static_cast<const std::atomic<bool>*>(flag)->load(); };
+    cp.abort_callback_data = const_cast<std::atomic<bool>*>(options.abort);  // read only
+  }
   llama_context* ctx = llama_init_from_model(model->raw(), cp);
   if (!ctx) {
     return Status::InvalidArgument("llama.cpp could not create a context (cache " + options.cache_type +
@@ -250,6 +256,7 @@ Status LlamaContext::Truncate(int32_t seq, int32_t pos) {
 Status LlamaContext::Eval(std::span<const int32_t> tokens, int32_t pos0, int32_t seq, bool all_logits) {
   if (tokens.empty()) return Status::InvalidArgument("no tokens to evaluate");
   if (tokens.size() > options_.n_ctx) return Status::InvalidArgument("more tokens than the context holds");
+  if (options_.abort && options_.abort->load()) return Status::Internal(kEvalAborted);
   const uint32_t vocab = model_->info().vocab;
   for (int32_t t : tokens) {
     if (t < 0 || static_cast<uint32_t>(t) >= vocab) return Status::InvalidArgument("token id out of range");
@@ -266,6 +273,7 @@ Status LlamaContext::Eval(std::span<const int32_t> tokens, int32_t pos0, int32_t
   if (observing_) query_pos_.assign(model_->info().layers, pos0);
   const int32_t rc = llama_decode(ctx_, batch);
   llama_batch_free(batch);
+  if (rc == 2 && options_.abort && options_.abort->load()) return Status::Internal(kEvalAborted);
   if (rc != 0) return Status::Internal("llama_decode failed (" + std::to_string(rc) + ")");
   outputs_ = all_logits ? tokens.size() : 1;
   first_output_ = all_logits ? 0 : tokens.size() - 1;
