@@ -18,6 +18,7 @@
 // Nothing undecodable is ever delivered.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -60,6 +61,11 @@ struct StreamOptions {
   uint32_t levels = kMaxChunkLevels;   // levels to look up per chunk
   uint32_t decode_threads = 1;
   DType dtype = DType::kF16;           // dtype of the delivered tensors
+  // Once *cancel is true the fetch ends within a tick (2 ms), or when the
+  // running decode or a store read that cannot be abandoned ends: chunks not
+  // handed over come back in `recompute`, with one "cancelled" line in
+  // `errors`. For shutdown (llama-serve's Stop). Not owned; null: never.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 struct StreamedChunk {

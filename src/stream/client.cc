@@ -803,6 +803,10 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
   // estimate follows the bytes arriving meanwhile).
   constexpr double kTickS = 0.002;
   while (next_deliver < n) {
+    if (options.cancel && options.cancel->load()) {
+      result.errors.push_back("cancelled: " + std::to_string(n - next_deliver) + " chunk(s) not delivered");
+      break;
+    }
     while (auto r = fetcher.Next(0)) complete(std::move(*r));
     collect_decode();
     decode_next();  // first: the decoder idles until then

@@ -180,6 +180,21 @@ TEST_F(LlamaServeTest, AStoreThatIsDownCostsAPrefillAndOneLogLine) {
       << (*engine)->MetricsText();
 }
 
+// After Abort (a server's Stop), a request fails at once, whether its
+// prefix is cached or not, and counts no fetch error.
+TEST_F(LlamaServeTest, AnAbortedEngineServesNoMore) {
+  auto engine = Engine("fp16", 1);
+  ASSERT_TRUE(engine);
+  ASSERT_TRUE(engine->Complete(0, Request(), Ignore).ok());
+  engine->FlushStores();
+  engine->Abort();
+  auto r = engine->Complete(0, Request(), Ignore);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("aborted"), std::string::npos) << r.status().message();
+  EXPECT_NE(engine->MetricsText().find("cachegen_llama_fetch_errors_total 0\n"), std::string::npos)
+      << engine->MetricsText();
+}
+
 TEST_F(LlamaServeTest, LossyChunksLoadAndGenerate) {
   auto engine = Engine("cachegen", 2);
   ASSERT_TRUE(engine);

@@ -439,6 +439,33 @@ TEST(StreamStart, AFixedLevelClientQueuesNoMoreThanTheLinkNeeds) {
   EXPECT_EQ(slow.most_in_flight(), 2);
 }
 
+// A cancelled fetch ends without handing over more chunks; the rest come
+// back for recompute, with one error line.
+TEST(StreamStart, ACancelledFetchEndsAndReturnsTheRest) {
+  TestContext c;
+  std::unique_ptr<ChunkStore> mem = PutFiveChunks(&c);
+  ASSERT_TRUE(mem);
+  SlowReadsStore slow(mem.get(), [](int) { return 20000; });
+  StreamClient client(&slow);
+  std::atomic<bool> cancel{false};
+  StreamOptions opts;
+  opts.deadline_ms = 60000;
+  opts.fixed_level = 0;
+  opts.cancel = &cancel;
+  uint32_t delivered = 0;
+  auto r = client.FetchTokens(c.root, c.tokens, c.chunk_tokens, opts, [&](const StreamedChunk& s) {
+    ExpectDirectDecode(c, s);
+    ++delivered;
+    cancel = true;
+  });
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(delivered, 1u);
+  EXPECT_EQ(r->levels, (std::vector<int>{0, -1, -1, -1, -1}));
+  EXPECT_EQ(r->recompute, (std::vector<uint32_t>{1, 2, 3, 4}));
+  ASSERT_EQ(r->errors.size(), 1u);
+  EXPECT_EQ(r->errors[0].rfind("cancelled", 0), 0u) << r->errors[0];
+}
+
 // A store that cannot answer for one chunk (a disk or a Redis node that
 // fails), and has every other chunk it holds.
 class FailingSizeStore : public ForwardingStore {

@@ -272,6 +272,7 @@ Result<PrefillResult> LlamaCompletionEngine::Prefill(uint32_t slot, std::span<co
     so.inflight = options_.inflight;
     so.decode_threads = options_.decode_threads;
     so.levels = options_.codec.levels;
+    so.cancel = &aborting_;
     // Without a deadline there is nothing to trade: always the best level.
     so.fixed_level = deadline > 0 ? options_.fixed_level : std::max(options_.fixed_level, 0);
     // The last request's bandwidth estimate, so the first chunk need not probe.
@@ -303,6 +304,7 @@ Result<PrefillResult> LlamaCompletionEngine::Prefill(uint32_t slot, std::span<co
           }
         });
     if (!r.ok()) return r.status();
+    if (aborting_.load()) return Status::Internal("prefill aborted: the engine is stopping");  // not a store failure
     if (!r->errors.empty()) {
       // The request goes on (what failed is recomputed); the operator sees it.
       std::lock_guard lock(store_mu_);

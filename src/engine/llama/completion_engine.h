@@ -75,8 +75,8 @@ class LlamaCompletionEngine final : public serve::CompletionEngine {
   Result<serve::CompletionResult> Complete(uint32_t slot, const serve::CompletionRequest& req,
                                            const std::function<bool(const std::string&)>& on_text) override;
   std::string MetricsText() const override;
-  // Every slot's evaluation ends early (LlamaContextOptions::abort), and
-  // later ones fail at once.
+  // Every slot's chunk fetch (StreamOptions::cancel) and evaluation
+  // (LlamaContextOptions::abort) end early, and later ones fail at once.
   void Abort() override { aborting_ = true; }
 
   // Tokens of a request's prompt (chat: through the model's chat template).
