@@ -33,6 +33,13 @@ class TinyRandomModelTest : public ::testing::Test {
     model_ = nullptr;
     std::filesystem::remove(path_);
   }
+  // English text of at least `chars` characters: about a token a character
+  // in the random model's vocabulary (src/engine/llama/random_model.h).
+  static std::string Prompt(size_t chars) {
+    std::string text;
+    while (text.size() < chars) text += "the dog ran to the park. ";
+    return text;
+  }
   static inline std::string path_;
   static inline uint64_t file_bytes_ = 0;  // as WriteRandomModel reported
   static inline std::shared_ptr<LlamaModel>* model_ = nullptr;

@@ -33,7 +33,7 @@ class LlamaServeTest : public TinyRandomModelTest {
     } else {
       ASSERT_TRUE(TinyRandomModelTest::model_);
       llama_ = *TinyRandomModelTest::model_;
-      while (prompt_.size() < 300) prompt_ += "the dog ran to the park. ";  // a token a character, about
+      prompt_ = Prompt(300);
     }
     auto s = OpenStore("mem://");
     ASSERT_TRUE(s.ok()) << s.status().message();

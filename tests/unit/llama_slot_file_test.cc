@@ -1,5 +1,6 @@
 // Slot files written by llama.cpp itself (llama_state_seq_save_file, what
-// llama-server's slot save calls) through cachegen slot compress/restore.
+// llama-server's slot save calls) through cachegen slot compress/restore, on
+// stories260K (../shared) or, without it, a random-weight model.
 #include "engine/llama_slot_file.h"
 
 #include <filesystem>
@@ -9,21 +10,31 @@
 
 #include "cachegen/llama_engine.h"
 #include "kv/io.h"
+#include "random_model_fixture.h"
 #include "shared_data.h"
 
 namespace cachegen::engine {
 namespace {
 
-class SlotFileTest : public ::testing::Test {
+// Without ../shared (a clean clone, CI) the suite runs on the tiny
+// random-weight model instead: the slot file's layout is the same.
+class SlotFileTest : public TinyRandomModelTest {
  protected:
   void SetUp() override {
     const std::string model = cachegen::test_data::SharedPath("models/stories260K.gguf");
     const std::string text = cachegen::test_data::SharedPath("data/tinystories/sample.txt");
-    if (model.empty() || text.empty()) GTEST_SKIP() << "../shared (stories260K.gguf, sample.txt) not found";
-    auto m = LlamaModel::Load(model);
-    ASSERT_TRUE(m.ok()) << m.status().message();
-    model_ = *m;
-    auto t = model_->Tokenize(cachegen::test_data::ReadTextFile(text));
+    std::string prompt;
+    if (!model.empty() && !text.empty()) {
+      auto m = LlamaModel::Load(model);
+      ASSERT_TRUE(m.ok()) << m.status().message();
+      llama_ = *m;
+      prompt = cachegen::test_data::ReadTextFile(text);
+    } else {
+      ASSERT_TRUE(TinyRandomModelTest::model_);
+      llama_ = *TinyRandomModelTest::model_;
+      prompt = Prompt(400);
+    }
+    auto t = llama_->Tokenize(prompt);
     ASSERT_TRUE(t.ok());
     tokens_.assign(t->begin(), t->begin() + std::min<size_t>(t->size(), 200));
     path_ = (std::filesystem::temp_directory_path() / ("cachegen-slot-" + std::to_string(getpid()) + ".bin")).string();
@@ -34,7 +45,7 @@ class SlotFileTest : public ::testing::Test {
   std::unique_ptr<LlamaContext> Context() {
     LlamaContextOptions o;
     o.n_ctx = 256;
-    auto c = LlamaContext::Create(model_, o);
+    auto c = LlamaContext::Create(llama_, o);
     EXPECT_TRUE(c.ok()) << c.status().message();
     return std::move(*c);
   }
@@ -47,7 +58,7 @@ class SlotFileTest : public ::testing::Test {
     return *bytes;
   }
 
-  std::shared_ptr<LlamaModel> model_;
+  std::shared_ptr<LlamaModel> llama_;
   std::vector<int32_t> tokens_;
   std::string path_;
 };
@@ -78,9 +89,9 @@ TEST_F(SlotFileTest, CompressedSlotLoadsIntoLlamaCppAndPredictsAlike) {
   for (bool rope : {false, true}) {
   SCOPED_TRACE(rope ? "rope" : "no rope");
   CodecConfig cfg;
-  if (rope) cfg.rope = CodecRope(model_->info());
+  if (rope) cfg.rope = CodecRope(llama_->info());
   EncodeStats stats;
-  auto packed = CompressSlotFile(slot, cfg, rope ? model_->info().kv_heads : 0, &stats);
+  auto packed = CompressSlotFile(slot, cfg, rope ? llama_->info().kv_heads : 0, &stats);
   ASSERT_TRUE(packed.ok()) << packed.status().message();
   EXPECT_LT(packed->size() * 4, slot.size());  // well under a quarter of the f16 slot
   auto restored = RestoreSlotFile(*packed);
