@@ -1,5 +1,6 @@
 // Test suites on a tiny random-weight model written by our own tool once per
-// suite (src/engine/llama/random_model.h): they need no ../shared.
+// suite (src/engine/llama/random_model.h): they need no ../shared. Suites
+// that prefer stories260K fall back to it (SharedOrRandomModel).
 #pragma once
 
 #include <filesystem>
@@ -12,6 +13,7 @@
 
 #include "cachegen/llama_engine.h"
 #include "engine/llama/random_model.h"
+#include "shared_data.h"
 
 namespace cachegen {
 
@@ -33,12 +35,25 @@ class TinyRandomModelTest : public ::testing::Test {
     model_ = nullptr;
     std::filesystem::remove(path_);
   }
-  // English text of at least `chars` characters: about a token a character
-  // in the random model's vocabulary (src/engine/llama/random_model.h).
-  static std::string Prompt(size_t chars) {
+  // What a suite that prefers a trained model runs on: stories260K and the
+  // first `shared_chars` of ../shared/<text_rel> where both are there (model
+  // null if it fails to load); else this suite's random model and English
+  // text of at least `random_chars` characters (about a token a character in its
+  // vocabulary, src/engine/llama/random_model.h).
+  struct ModelAndText {
+    std::shared_ptr<LlamaModel> model;
     std::string text;
-    while (text.size() < chars) text += "the dog ran to the park. ";
-    return text;
+  };
+  static ModelAndText SharedOrRandomModel(const std::string& text_rel, size_t shared_chars, size_t random_chars) {
+    const std::string model = test_data::SharedPath("models/stories260K.gguf");
+    const std::string text = test_data::SharedPath(text_rel);
+    if (!model.empty() && !text.empty()) {
+      auto m = LlamaModel::Load(model);
+      return {m.ok() ? *m : nullptr, test_data::ReadTextFile(text).substr(0, shared_chars)};
+    }
+    ModelAndText random{model_ ? *model_ : nullptr, ""};
+    while (random.text.size() < random_chars) random.text += "the dog ran to the park. ";
+    return random;
   }
   static inline std::string path_;
   static inline uint64_t file_bytes_ = 0;  // as WriteRandomModel reported

@@ -10,12 +10,10 @@
 #include "serve/completion_server.h"
 #include "http_test_client.h"
 #include "random_model_fixture.h"
-#include "shared_data.h"
 
 namespace cachegen {
 namespace {
 
-using cachegen::test_data::SharedPath;
 
 // Without ../shared (a clean clone, CI) the suite runs on the tiny
 // random-weight model instead: its text means nothing, but the engine's
@@ -23,18 +21,11 @@ using cachegen::test_data::SharedPath;
 class LlamaServeTest : public TinyRandomModelTest {
  protected:
   void SetUp() override {
-    const std::string model = SharedPath("models/stories260K.gguf");
-    const std::string text = SharedPath("data/tinystories/dev.txt");
-    if (!model.empty() && !text.empty()) {
-      auto m = LlamaModel::Load(model);
-      ASSERT_TRUE(m.ok()) << m.status().message();
-      llama_ = *m;
-      prompt_ = cachegen::test_data::ReadTextFile(text).substr(0, 660);  // about 300 tokens of stories260K's vocabulary
-    } else {
-      ASSERT_TRUE(TinyRandomModelTest::model_);
-      llama_ = *TinyRandomModelTest::model_;
-      prompt_ = Prompt(300);
-    }
+    // About 300 tokens either way (660 characters of stories260K's vocabulary).
+    ModelAndText m = SharedOrRandomModel("data/tinystories/dev.txt", 660, 300);
+    ASSERT_TRUE(m.model);
+    llama_ = m.model;
+    prompt_ = m.text;
     auto s = OpenStore("mem://");
     ASSERT_TRUE(s.ok()) << s.status().message();
     store_ = std::move(*s);

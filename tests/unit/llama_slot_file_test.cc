@@ -11,7 +11,6 @@
 #include "cachegen/llama_engine.h"
 #include "kv/io.h"
 #include "random_model_fixture.h"
-#include "shared_data.h"
 
 namespace cachegen::engine {
 namespace {
@@ -21,26 +20,16 @@ namespace {
 class SlotFileTest : public TinyRandomModelTest {
  protected:
   void SetUp() override {
-    const std::string model = cachegen::test_data::SharedPath("models/stories260K.gguf");
-    const std::string text = cachegen::test_data::SharedPath("data/tinystories/sample.txt");
-    std::string prompt;
-    if (!model.empty() && !text.empty()) {
-      auto m = LlamaModel::Load(model);
-      ASSERT_TRUE(m.ok()) << m.status().message();
-      llama_ = *m;
-      prompt = cachegen::test_data::ReadTextFile(text);
-    } else {
-      ASSERT_TRUE(TinyRandomModelTest::model_);
-      llama_ = *TinyRandomModelTest::model_;
-      prompt = Prompt(400);
-    }
-    auto t = llama_->Tokenize(prompt);
+    ModelAndText m = SharedOrRandomModel("data/tinystories/sample.txt", std::string::npos, 400);
+    ASSERT_TRUE(m.model);
+    llama_ = m.model;
+    auto t = llama_->Tokenize(m.text);
     ASSERT_TRUE(t.ok());
     tokens_.assign(t->begin(), t->begin() + std::min<size_t>(t->size(), 200));
-    path_ = (std::filesystem::temp_directory_path() / ("cachegen-slot-" + std::to_string(getpid()) + ".bin")).string();
+    slot_path_ = (std::filesystem::temp_directory_path() / ("cachegen-slot-" + std::to_string(getpid()) + ".bin")).string();
   }
   void TearDown() override {
-    if (!path_.empty()) std::filesystem::remove(path_);
+    if (!slot_path_.empty()) std::filesystem::remove(slot_path_);
   }
   std::unique_ptr<LlamaContext> Context() {
     LlamaContextOptions o;
@@ -52,15 +41,15 @@ class SlotFileTest : public TinyRandomModelTest {
   // A slot file of the prefilled tokens, written by llama.cpp.
   std::vector<uint8_t> SavedSlot(LlamaContext& ctx) {
     EXPECT_TRUE(ctx.Eval(tokens_, 0).ok());
-    EXPECT_GT(llama_state_seq_save_file(ctx.raw(), path_.c_str(), 0, tokens_.data(), tokens_.size()), 0u);
-    auto bytes = ReadFileBytes(path_);
+    EXPECT_GT(llama_state_seq_save_file(ctx.raw(), slot_path_.c_str(), 0, tokens_.data(), tokens_.size()), 0u);
+    auto bytes = ReadFileBytes(slot_path_);
     EXPECT_TRUE(bytes.ok());
     return *bytes;
   }
 
   std::shared_ptr<LlamaModel> llama_;
   std::vector<int32_t> tokens_;
-  std::string path_;
+  std::string slot_path_;
 };
 
 TEST_F(SlotFileTest, Fp16RoundTripIsByteIdentical) {
@@ -96,12 +85,12 @@ TEST_F(SlotFileTest, CompressedSlotLoadsIntoLlamaCppAndPredictsAlike) {
   EXPECT_LT(packed->size() * 4, slot.size());  // well under a quarter of the f16 slot
   auto restored = RestoreSlotFile(*packed);
   ASSERT_TRUE(restored.ok()) << restored.status().message();
-  ASSERT_TRUE(WriteFileBytes(path_, *restored).ok());
+  ASSERT_TRUE(WriteFileBytes(slot_path_, *restored).ok());
 
   auto fresh = Context();
   std::vector<int32_t> loaded(tokens_.size() + 8);
   size_t n_loaded = 0;
-  ASSERT_GT(llama_state_seq_load_file(fresh->raw(), path_.c_str(), 0, loaded.data(), loaded.size(), &n_loaded), 0u);
+  ASSERT_GT(llama_state_seq_load_file(fresh->raw(), slot_path_.c_str(), 0, loaded.data(), loaded.size(), &n_loaded), 0u);
   loaded.resize(n_loaded);
   EXPECT_EQ(loaded, tokens_);
   ASSERT_TRUE(fresh->Eval(std::span<const int32_t>(&next, 1), static_cast<int32_t>(tokens_.size())).ok());

@@ -380,37 +380,54 @@ class SlowReadsStore : public ForwardingStore {
   int in_flight_ = 0, most_in_flight_ = 0, reads_started_ = 0, reads_done_ = 0, solo_reads_ = -1;
 };
 
-// Five chunks of 256 tokens (about 260 KB each at level 0), two levels, put
-// into a new mem:// store.
-std::unique_ptr<ChunkStore> PutFiveChunks(TestContext* c) {
-  c->chunk_tokens = 256;
-  c->kv = std::move(SyntheticKV({4, 4, 128, 5 * c->chunk_tokens}, DType::kF16, 7)).value();
-  for (uint32_t i = 0; i < c->kv.shape().tokens; ++i) c->tokens.push_back(static_cast<TokenId>(i * 7919 % 32000));
-  c->root = ChainRoot("test-model", "test-profile", c->chunk_tokens);
-  c->config.chunk_tokens = c->chunk_tokens;
-  c->config.levels = 2;
-  auto enc = Encoder::Create(c->config);
-  auto mem = OpenStore("mem://");
-  if (!enc.ok() || !mem.ok() || !PutContext(**mem, c->root, c->tokens, c->kv.view(), *enc).ok()) return nullptr;
-  return std::move(*mem);
-}
+// Five chunks of 256 tokens (about 260 KB each at level 0), two levels, in
+// a mem:// store, fetched through a store that wraps it (SlowReadsStore):
+// every chunk handed over must equal a direct decode.
+class StreamStart : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    c_.chunk_tokens = 256;
+    c_.kv = std::move(SyntheticKV({4, 4, 128, 5 * c_.chunk_tokens}, DType::kF16, 7)).value();
+    for (uint32_t i = 0; i < c_.kv.shape().tokens; ++i) c_.tokens.push_back(static_cast<TokenId>(i * 7919 % 32000));
+    c_.root = ChainRoot("test-model", "test-profile", c_.chunk_tokens);
+    c_.config.chunk_tokens = c_.chunk_tokens;
+    c_.config.levels = 2;
+    auto enc = Encoder::Create(c_.config);
+    ASSERT_TRUE(enc.ok());
+    auto mem = OpenStore("mem://");
+    ASSERT_TRUE(mem.ok());
+    mem_ = std::move(*mem);
+    ASSERT_TRUE(PutContext(*mem_, c_.root, c_.tokens, c_.kv.view(), *enc).ok());
+  }
+  // A loose deadline; fixed_level < 0: adaptive.
+  static StreamOptions Options(int fixed_level) {
+    StreamOptions o;
+    o.deadline_ms = 60000;
+    o.fixed_level = fixed_level;
+    return o;
+  }
+  // Fetches the five chunks from `store`; after_each runs after each chunk
+  // handed over is checked.
+  Result<StreamResult> Fetch(ChunkStore* store, const StreamOptions& o, const std::function<void()>& after_each = {}) {
+    StreamClient client(store);
+    return client.FetchTokens(c_.root, c_.tokens, c_.chunk_tokens, o, [&](const StreamedChunk& s) {
+      ExpectDirectDecode(c_, s);
+      if (after_each) after_each();
+    });
+  }
+  TestContext c_;
+  std::unique_ptr<ChunkStore> mem_;
+};
 
-TEST(StreamStart, TheFirstEstimateCountsTheProbeFromItsRequest) {
-  TestContext c;
-  std::unique_ptr<ChunkStore> mem = PutFiveChunks(&c);
-  ASSERT_TRUE(mem);
+TEST_F(StreamStart, TheFirstEstimateCountsTheProbeFromItsRequest) {
   // The first two reads take 2.6 ms, later ones 50 ms, so that two requests
   // issued together are seen together: a fetch thread that starts its read
   // a few ms late (ASan on a loaded 2-core machine) must not make the read
   // before it look alone.
-  SlowReadsStore slow(mem.get(), [](int n) { return n <= 2 ? 2600 : 50000; });
-  StreamClient client(&slow);
-  StreamOptions opts;
-  opts.deadline_ms = 60000;
+  SlowReadsStore slow(mem_.get(), [](int n) { return n <= 2 ? 2600 : 50000; });
+  StreamOptions opts = Options(-1);
   opts.inflight = 4;
-  auto r = client.FetchTokens(c.root, c.tokens, c.chunk_tokens, opts, [&](const StreamedChunk& s) {
-    ExpectDirectDecode(c, s);
-  });
+  auto r = Fetch(&slow, opts);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_TRUE(r->recompute.empty());
   ASSERT_GE(slow.solo_reads(), 0) << "no two reads were ever in flight at once";
@@ -421,19 +438,11 @@ TEST(StreamStart, TheFirstEstimateCountsTheProbeFromItsRequest) {
 // over 10 ms of transfer (each 260 KB frame takes 30 ms here): requests
 // beyond that would share the link and delay the first chunk. Two from the
 // start, before the first read has measured the link.
-TEST(StreamStart, AFixedLevelClientQueuesNoMoreThanTheLinkNeeds) {
-  TestContext c;
-  std::unique_ptr<ChunkStore> mem = PutFiveChunks(&c);
-  ASSERT_TRUE(mem);
-  SlowReadsStore slow(mem.get(), [](int) { return 30000; });
-  StreamClient client(&slow);
-  StreamOptions opts;
-  opts.deadline_ms = 60000;
+TEST_F(StreamStart, AFixedLevelClientQueuesNoMoreThanTheLinkNeeds) {
+  SlowReadsStore slow(mem_.get(), [](int) { return 30000; });
+  StreamOptions opts = Options(0);
   opts.inflight = 4;
-  opts.fixed_level = 0;
-  auto r = client.FetchTokens(c.root, c.tokens, c.chunk_tokens, opts, [&](const StreamedChunk& s) {
-    ExpectDirectDecode(c, s);
-  });
+  auto r = Fetch(&slow, opts);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->levels, (std::vector<int>{0, 0, 0, 0, 0}));
   EXPECT_EQ(slow.most_in_flight(), 2);
@@ -441,20 +450,13 @@ TEST(StreamStart, AFixedLevelClientQueuesNoMoreThanTheLinkNeeds) {
 
 // A cancelled fetch ends without handing over more chunks; the rest come
 // back for recompute, with one error line.
-TEST(StreamStart, ACancelledFetchEndsAndReturnsTheRest) {
-  TestContext c;
-  std::unique_ptr<ChunkStore> mem = PutFiveChunks(&c);
-  ASSERT_TRUE(mem);
-  SlowReadsStore slow(mem.get(), [](int) { return 20000; });
-  StreamClient client(&slow);
+TEST_F(StreamStart, ACancelledFetchEndsAndReturnsTheRest) {
+  SlowReadsStore slow(mem_.get(), [](int) { return 20000; });
   std::atomic<bool> cancel{false};
-  StreamOptions opts;
-  opts.deadline_ms = 60000;
-  opts.fixed_level = 0;
+  StreamOptions opts = Options(0);
   opts.cancel = &cancel;
   uint32_t delivered = 0;
-  auto r = client.FetchTokens(c.root, c.tokens, c.chunk_tokens, opts, [&](const StreamedChunk& s) {
-    ExpectDirectDecode(c, s);
+  auto r = Fetch(&slow, opts, [&] {
     ++delivered;
     cancel = true;
   });
