@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds everything and runs every test:
+# Builds everything and runs every test (after fetching llama.cpp and building
+# its llama-server, scripts/build-llama-server.sh):
 #   1. Release build (build/) + ctest
 #   2. ASan+UBSan build (build-asan/) + ctest
 #   3. libFuzzer build with clang (build-fuzz/); each tests/fuzz target runs
@@ -18,6 +19,9 @@ FUZZ_SECONDS="${FUZZ_SECONDS:-60}"
 bash scripts/setup.sh
 # llama.cpp (npm registry) for the engine adapter, eval and their tests; without it they are not built.
 bash scripts/fetch-llama.sh || echo "test.sh: llama.cpp not fetched; llama.cpp tests are not built" >&2
+# llama.cpp's own llama-server (about 5 minutes on two cores) for the slot-file interop test.
+bash scripts/build-llama-server.sh -j"$JOBS" ||
+  echo "test.sh: llama-server not built; LlamaServerSlotTest skips" >&2
 
 passed_total=0
 failed_total=0

@@ -43,15 +43,17 @@ class TinyRandomModelTest : public ::testing::Test {
   struct ModelAndText {
     std::shared_ptr<LlamaModel> model;
     std::string text;
+    bool stories = false;  // stories260K (else the random model)
+    std::string path;      // the model's file
   };
   static ModelAndText SharedOrRandomModel(const std::string& text_rel, size_t shared_chars, size_t random_chars) {
     const std::string model = test_data::SharedPath("models/stories260K.gguf");
     const std::string text = test_data::SharedPath(text_rel);
     if (!model.empty() && !text.empty()) {
       auto m = LlamaModel::Load(model);
-      return {m.ok() ? *m : nullptr, test_data::ReadTextFile(text).substr(0, shared_chars)};
+      return {m.ok() ? *m : nullptr, test_data::ReadTextFile(text).substr(0, shared_chars), true, model};
     }
-    ModelAndText random{model_ ? *model_ : nullptr, ""};
+    ModelAndText random{model_ ? *model_ : nullptr, "", false, path_};
     while (random.text.size() < random_chars) random.text += "the dog ran to the park. ";
     return random;
   }
