@@ -3,7 +3,8 @@
 # registry) and run `cachegen demo`: stories260K (../shared, else a generated
 # random-weight model) prefills a context, its KV is compressed by the default
 # codec and restored into a fresh context, and the demo prints the size ratio,
-# dPPL and the sentence generated with the exact and the restored KV. Without
+# dPPL and the sentence generated with the exact and the restored KV, then
+# the same with a model profile it learns first from other windows. Without
 # llama.cpp (fetch failed) it prints the synthetic codec table instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."

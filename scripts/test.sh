@@ -191,7 +191,16 @@ print("eval json ok:", len(d["rows"]), "rows")' "$tmp/eval.json"
     --bits 2 --windows 1 --context 64 --continuation 16 --greedy 4 --quiet --json >"$tmp/eval_uniform.json"
   python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); assert [r for r in d["rows"] if r["setting"].endswith("profile")], d["rows"]; print("profile quantizer ok")' "$tmp/eval_uniform.json"
   build/cachegen demo --windows 1 >"$tmp/demo.txt"
-  grep -q '^    restored KV: ' "$tmp/demo.txt" && grep -q 'smaller than f16' "$tmp/demo.txt"
+  # Two runs: the default codec, then with a profile the demo learns first.
+  [ "$(grep -c '^    restored KV: ' "$tmp/demo.txt")" -eq 2 ] && grep -q 'smaller than f16' "$tmp/demo.txt"
+  grep -q '^learned just now from the 8 windows after the scored ones' "$tmp/demo.txt"
+  build/cachegen demo --windows 1 --model "$tmp/tiny.gguf" --text "$tmp/stories.txt" --profile "$tmp/tiny.cgprof" \
+    >"$tmp/demo_profile.txt" 2>/dev/null
+  grep -q "^read from $tmp/tiny.cgprof" "$tmp/demo_profile.txt"
+  if build/cachegen demo --windows 1 --profile "$tmp/tiny.gguf" >/dev/null 2>&1; then
+    echo "test.sh: demo took a model file as its profile" >&2
+    exit 1
+  fi
   echo "model demo ok"
 fi
 build/cachegen demo --synthetic 2,2,64,64 >/dev/null

@@ -53,6 +53,10 @@ Result<ModelKeyFacts> ReadModelKeyFacts(const std::string& gguf);
 struct ModelDemoArgs {
   std::string model, text;
   uint32_t windows = 4;
+  // The second run's model profile: this file, or one learned first from the
+  // windows after the scored ones (learn_profile), or no second run.
+  std::string profile;
+  bool learn_profile = true;
 };
 void SetModelDemo(std::function<int(const ModelDemoArgs&)> demo);
 const std::function<int(const ModelDemoArgs&)>& ModelDemo();

@@ -3,13 +3,19 @@
 // compressed by the default codec, restored into a fresh context, and the
 // model itself says what that cost: size ratio, ΔPPL of the continuation,
 // and the first sentence it generates with the exact and the restored KV.
+// Then the same with a model profile, learned first from other windows of
+// the text (or given).
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <string>
 
 #include "cachegen/cli.h"
 #include "cachegen/llama_defaults.h"
+#include "cachegen/profile.h"
 #include "engine/llama/eval.h"
+#include "engine/llama/profile_train.h"
 
 namespace cachegen::cli {
 namespace {
@@ -30,7 +36,54 @@ std::string FirstSentence(const std::string& text) {
   return s + " ...";
 }
 
+// The size, quality and speed of one eval row, and the first sentence the
+// model generates with the exact and with the restored KV.
+void PrintRow(const engine::EvalReport& rep, const engine::EvalRow& r, const char* side_information) {
+  std::printf("  size      %.3f bits/value, %s: %.2fx smaller than f16\n", r.bits_per_value, side_information,
+              r.ratio_vs_fp16);
+  std::printf("  quality   perplexity %.4f with the exact KV, %.4f restored: dPPL %+.2f %%; mean KL %.2e, "
+              "top-1 agreement %.1f %%\n",
+              rep.ppl_exact, r.ppl, r.delta_ppl_pct, r.kl, 100 * r.top1_agreement);
+  std::printf("  speed     encode %.1f ms, decode %.1f ms per context of %u tokens\n",
+              1e3 * r.encode_s / rep.windows, 1e3 * r.decode_s / rep.windows, rep.context);
+  std::printf("\n  first window, the context ends \"...%s\"; the model goes on:\n", OneLine(rep.sample_lead).c_str());
+  std::printf("    exact KV:    %s\n", FirstSentence(rep.sample_exact).c_str());
+  std::printf("    restored KV: %s\n", FirstSentence(r.sample).c_str());
+}
+
+// A profile for the second run, learned from the windows after the `scored`
+// ones (said how). Null (said why) when the text has none.
+std::shared_ptr<const Profile> LearnDemoProfile(const engine::EvalOptions& o, uint32_t scored, std::string* how) {
+  engine::ModelProfileOptions po;
+  po.model_path = o.model_path;
+  po.text = o.text;
+  po.skip = scored;
+  po.sensitivity = false;  // most of the training time (docs/EVAL.md)
+  po.tuning.quantizer = CodecConfig::Quantizer::kLloyd;  // as `profile train`
+  const auto start = std::chrono::steady_clock::now();
+  Result<engine::ModelProfile> p = engine::TrainModelProfile(po);
+  if (!p.ok()) {
+    std::fprintf(stderr, "cachegen demo: no profile run: %s\n", p.status().message().c_str());
+    return nullptr;
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  char line[160];
+  std::snprintf(line, sizeof line,
+                "learned just now from the %u windows after the scored ones in %.1f s, without sensitivities",
+                p->contexts, s);
+  *how = line;
+  RegisterProfile(p->profile);  // for the decoder
+  return p->profile;
+}
+
 int RunModelDemo(const ModelDemoArgs& args) {
+  // A profile given is read first: a bad file fails before any work.
+  std::shared_ptr<const Profile> given;
+  if (!args.profile.empty()) {
+    Result<std::shared_ptr<const Profile>> p = LoadProfileFile(args.profile);
+    if (!p.ok()) return Fail(p.status());
+    given = *p;
+  }
   engine::EvalOptions o;
   std::string note;
   o.model_path = args.model;
@@ -58,16 +111,21 @@ int RunModelDemo(const ModelDemoArgs& args) {
       std::filesystem::path(rep->model).filename().c_str(), in.layers, in.kv_heads, in.head_dim, rep->windows,
       rep->context, kDefaultBitsPerValue, rep->continuation);
   if (!note.empty()) std::printf("note: %s\n\n", note.c_str());
-  std::printf("  size      %.3f bits/value, all side information included: %.2fx smaller than f16\n",
-              r.bits_per_value, r.ratio_vs_fp16);
-  std::printf("  quality   perplexity %.4f with the exact KV, %.4f restored: dPPL %+.2f %%; mean KL %.2e, "
-              "top-1 agreement %.1f %%\n",
-              rep->ppl_exact, r.ppl, r.delta_ppl_pct, r.kl, 100 * r.top1_agreement);
-  std::printf("  speed     encode %.1f ms, decode %.1f ms per context of %u tokens\n",
-              1e3 * r.encode_s / rep->windows, 1e3 * r.decode_s / rep->windows, rep->context);
-  std::printf("\n  first window, the context ends \"...%s\"; the model goes on:\n", OneLine(rep->sample_lead).c_str());
-  std::printf("    exact KV:    %s\n", FirstSentence(rep->sample_exact).c_str());
-  std::printf("    restored KV: %s\n", FirstSentence(r.sample).c_str());
+  PrintRow(*rep, r, "all side information included");
+  if (!args.learn_profile && args.profile.empty()) return 0;
+
+  std::fflush(stdout);
+  std::string how = "read from " + args.profile;
+  o.codec.profile = given ? given : LearnDemoProfile(o, rep->windows, &how);
+  if (!o.codec.profile) return 0;
+  o.codec.quantizer = o.codec.profile->quantizer().value_or(o.codec.quantizer);
+  Result<engine::EvalReport> with = engine::RunEval(o);
+  if (!with.ok()) return Fail(with.status());
+  std::printf(
+      "\nThe same with a model profile: channel statistics, key transforms and entropy tables of this model\n"
+      "(`cachegen profile train`; %zu KB, stored once per model, frames reference it by id),\n%s.\n\n",
+      o.codec.profile->bytes().size() / 1024, how.c_str());
+  PrintRow(*with, with->rows.at(0), "frames only (the profile is stored once per model)");
   return 0;
 }
 

@@ -1,0 +1,90 @@
+#include "engine/llama/profile_train.h"
+
+#include <span>
+
+#include "cachegen/llama_engine.h"
+#include "engine/llama/channel_weights.h"
+#include "engine/llama/eval.h"
+
+namespace cachegen::engine {
+namespace {
+
+void Say(const ModelProfileOptions& o, const std::string& line) {
+  if (o.progress) o.progress(line);
+}
+
+// The attention-output grams channel weights need, or none (said why).
+std::vector<std::vector<float>> WeightGrams(const ModelProfileOptions& o, const LlamaModelInfo& info, bool* use) {
+  *use = o.channel_weights;
+  if (!*use) return {};
+  if (o.tuning.rotate) {
+    Say(o, "profile: channel weights skipped (not with --rotate)");
+    *use = false;
+    return {};
+  }
+  auto grams = AttentionOutputGrams(o.model_path, info);
+  if (grams.ok()) return std::move(*grams);
+  Say(o, "profile: channel weights skipped: " + grams.status().ToString());
+  *use = false;
+  return {};
+}
+
+}  // namespace
+
+Result<ModelProfile> TrainModelProfile(const ModelProfileOptions& o) {
+  CG_ASSIGN_OR_RETURN(std::shared_ptr<LlamaModel> model, LlamaModel::Load(o.model_path));
+  const auto windows = MakeWindows(*model, o.text, o.context + o.continuation + 1, o.skip + o.contexts);
+  if (windows.size() <= o.skip)
+    return Status::InvalidArgument("the text has no window of " + std::to_string(o.context) + " tokens after the " +
+                                   std::to_string(o.skip) + " skipped");
+  CodecConfig cfg = o.tuning;
+  cfg.rope = o.rope ? CodecRope(model->info()) : RopeConfig{};
+  ModelProfile out;
+  ChannelWeightAccumulator weights(model->info(), cfg.rope, WeightGrams(o, model->info(), &out.channel_weights));
+  LlamaContextOptions co;
+  co.n_ctx = o.context + 8;
+  co.threads = o.threads;
+  if (out.channel_weights)
+    co.query_observer = [&weights](uint32_t layer, int32_t pos0, std::span<const float> q) {
+      weights.ObserveQueries(layer, pos0, q);
+    };
+  CG_ASSIGN_OR_RETURN(std::unique_ptr<LlamaContext> ctx, LlamaContext::Create(model, co));
+  std::vector<KVTensor> kvs;
+  for (size_t w = o.skip; w < windows.size(); ++w) {
+    ctx->Clear();
+    CG_RETURN_IF_ERROR(ctx->Eval(std::span<const int32_t>(windows[w]).first(o.context), 0));
+    CG_ASSIGN_OR_RETURN(CapturedKV cap, ctx->Capture(0));
+    if (out.channel_weights) {
+      // A graph without llama's query names (other architectures) reports no queries.
+      if (Status st = weights.AddWindow(cap.kv.view()); !st.ok()) {
+        Say(o, "profile: channel weights skipped: " + st.ToString());
+        out.channel_weights = false;
+      }
+    }
+    kvs.push_back(std::move(cap.kv));
+  }
+  std::vector<KVView> views;
+  for (const KVTensor& t : kvs) views.push_back(t.view());
+  out.contexts = static_cast<uint32_t>(views.size());
+  // K sections only: V weights measured no gain on stories260K (docs/EVAL.md).
+  ProfileTrainOptions train;
+  train.key_transform = o.key_transform;
+  train.key_channel_classes = o.channel_classes;
+  if (out.channel_weights) train.channel_weights = weights.weights();
+  for (size_t i = 1; i < train.channel_weights.size(); i += 2) train.channel_weights[i].clear();
+  if (o.key_transform && cfg.rotate) Say(o, "profile: key transforms skipped (not with --rotate)");
+  CG_ASSIGN_OR_RETURN(out.profile, Profile::Train(views, cfg, train));
+  if (!o.sensitivity) return out;
+  SensitivityOptions so;
+  so.context = o.context;
+  so.continuation = o.continuation;
+  so.steps = o.sensitivity_steps;
+  so.threads = o.threads;
+  so.progress = o.progress;
+  CG_ASSIGN_OR_RETURN(out.sensitivity,
+                      MeasureSensitivity(model, std::span(windows).subspan(o.skip), *out.profile, cfg, so));
+  CG_ASSIGN_OR_RETURN(out.profile, out.profile->WithSensitivity(out.sensitivity->weights));
+  return out;
+}
+
+}  // namespace cachegen::engine

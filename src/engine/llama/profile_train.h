@@ -1,0 +1,48 @@
+// Learning a model profile (cachegen/profile.h) from a llama.cpp model's own
+// KV cache: what `cachegen profile train` runs, and `cachegen demo` before
+// it compares the default codec with and without a profile.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cachegen/codec.h"
+#include "cachegen/profile.h"
+#include "cachegen/status.h"
+#include "engine/llama/sensitivity.h"
+
+namespace cachegen::engine {
+
+struct ModelProfileOptions {
+  std::string model_path;
+  std::string text;  // stories separated by lines "<|endoftext|>"
+  // Windows are cut as RunEval cuts them (context + continuation + 1 tokens),
+  // so that skip = W skips exactly the text an eval of W windows scores; the
+  // next `contexts` windows are learned from (fewer where the text ends).
+  uint32_t contexts = 8, context = 384, continuation = 128, skip = 0, threads = 0;
+  bool rope = true;             // keys with the model's RoPE undone (as the codec codes them)
+  bool sensitivity = true;      // measure and store each section's sensitivity (slow: most of the time)
+  bool channel_weights = true;  // K channel weights from the model's attention (not with tuning.rotate)
+  bool key_transform = true;
+  bool channel_classes = true;
+  std::vector<double> sensitivity_steps = SensitivityOptions().steps;
+  CodecConfig tuning;  // quantizer, group size and rotation learned for
+  // One line per step and per part skipped (with the reason); may be empty.
+  std::function<void(const std::string&)> progress;
+};
+
+struct ModelProfile {
+  std::shared_ptr<const Profile> profile;
+  uint32_t contexts = 0;         // windows learned from
+  bool channel_weights = false;  // used (the options ask; the model and tuning allow)
+  std::optional<SensitivityReport> sensitivity;
+};
+
+// Fails when the text has no whole window after the skipped ones.
+Result<ModelProfile> TrainModelProfile(const ModelProfileOptions& options);
+
+}  // namespace cachegen::engine
