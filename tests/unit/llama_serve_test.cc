@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "cachegen/profile.h"
 #include "cachegen/stream.h"
 #include "engine/llama/completion_engine.h"
+#include "engine/llama/profile_train.h"
 #include "serve/completion_server.h"
 #include "http_test_client.h"
 #include "random_model_fixture.h"
@@ -25,13 +27,14 @@ class LlamaServeTest : public TinyRandomModelTest {
     ModelAndText m = SharedOrRandomModel("data/tinystories/dev.txt", 660, 300);
     ASSERT_TRUE(m.model);
     llama_ = m.model;
+    model_path_ = m.path;
     prompt_ = m.text;
     auto s = OpenStore("mem://");
     ASSERT_TRUE(s.ok()) << s.status().message();
     store_ = std::move(*s);
   }
 
-  std::unique_ptr<LlamaCompletionEngine> Engine(const std::string& codec, uint32_t levels) {
+  static LlamaServeOptions Options(const std::string& codec, uint32_t levels) {
     LlamaServeOptions o;
     o.n_ctx = 512;
     o.codec.codec = codec;
@@ -39,6 +42,12 @@ class LlamaServeTest : public TinyRandomModelTest {
     o.codec.chunk_tokens = 64;
     o.model_fingerprint = "stories260K-test";
     o.recompute_tokens_per_s = 1e5;
+    return o;
+  }
+  std::unique_ptr<LlamaCompletionEngine> Engine(const std::string& codec, uint32_t levels) {
+    return Engine(Options(codec, levels));
+  }
+  std::unique_ptr<LlamaCompletionEngine> Engine(const LlamaServeOptions& o) {
     auto e = LlamaCompletionEngine::Create(llama_, store_.get(), o);
     EXPECT_TRUE(e.ok()) << e.status().message();
     return e.ok() ? std::move(*e) : nullptr;
@@ -52,7 +61,29 @@ class LlamaServeTest : public TinyRandomModelTest {
     return r;
   }
 
+  // Options whose chunks are coded with a quick profile of this model (no
+  // sensitivities, learned from windows of the prompt, with or without
+  // undoing RoPE) and its quantizer.
+  LlamaServeOptions ProfileOptions(bool rope) const {
+    LlamaServeOptions o = Options("cachegen", 2);
+    engine::ModelProfileOptions po;
+    po.model_path = model_path_;
+    po.text = prompt_;
+    po.contexts = 2;
+    po.context = 64;
+    po.continuation = 16;
+    po.rope = rope;
+    po.sensitivity = false;
+    po.tuning.quantizer = CodecConfig::Quantizer::kLloyd;
+    auto trained = engine::TrainModelProfile(po);
+    EXPECT_TRUE(trained.ok()) << trained.status().message();
+    if (trained.ok()) o.codec.profile = trained->profile;
+    o.codec.quantizer = po.tuning.quantizer;
+    return o;
+  }
+
   std::shared_ptr<LlamaModel> llama_;
+  std::string model_path_;
   std::unique_ptr<ChunkStore> store_;
   std::string prompt_;
 };
@@ -207,6 +238,39 @@ TEST_F(LlamaServeTest, LossyChunksLoadAndGenerate) {
   EXPECT_GT(second->timings.cached_tokens, 0u);
   EXPECT_EQ(second->timings.levels.size(), second->timings.cached_tokens / 64);
   EXPECT_GT(second->timings.completion_tokens, 0u);
+}
+
+// Chunks coded with a model profile load, and only under that profile: its
+// id is part of the chunk keys.
+TEST_F(LlamaServeTest, ChunksCodedWithAProfileLoadUnderThatProfileOnly) {
+  const LlamaServeOptions o = ProfileOptions(/*rope=*/true);
+  ASSERT_TRUE(o.codec.profile);
+  auto engine = Engine(o);
+  ASSERT_TRUE(engine);
+  ASSERT_TRUE(engine->Complete(0, Request(), Ignore).ok());
+  engine->FlushStores();
+  auto second = engine->Complete(0, Request(), Ignore);
+  ASSERT_TRUE(second.ok()) << second.status().message();
+  EXPECT_GT(second->timings.cached_tokens, 0u);
+  EXPECT_GT(second->timings.completion_tokens, 0u);
+  LlamaServeOptions without = o;  // the same but for the profile
+  without.codec.profile = nullptr;
+  auto plain = Engine(without);
+  ASSERT_TRUE(plain);
+  auto other = plain->Complete(0, Request(), Ignore);
+  ASSERT_TRUE(other.ok()) << other.status().message();
+  EXPECT_EQ(other->timings.cached_tokens, 0u);
+}
+
+// A profile the encoder cannot use on this model (learned with RoPE left in
+// the keys, while the engine undoes it) fails at start-up, not at every store.
+TEST_F(LlamaServeTest, AProfileThatDoesNotFitFailsAtStartUp) {
+  const LlamaServeOptions o = ProfileOptions(/*rope=*/false);
+  ASSERT_TRUE(o.codec.profile);
+  auto e = LlamaCompletionEngine::Create(llama_, store_.get(), o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(e.status().message().find("do not fit this model"), std::string::npos) << e.status().message();
 }
 
 TEST_F(LlamaServeTest, OverHttpTheSecondRequestReportsCachedTokens) {

@@ -8,6 +8,7 @@
 #include "cachegen/cli.h"
 #include "cachegen/command.h"
 #include "cachegen/llama_defaults.h"
+#include "cachegen/profile.h"
 #include "cachegen/service.h"
 #include "cachegen/store.h"
 #include "engine/llama/completion_engine.h"
@@ -19,7 +20,7 @@ namespace cachegen::cli {
 namespace {
 
 struct LlamaServeArgs {
-  std::string model, store_uri, cache_server, token_file, listen = "127.0.0.1:8080";
+  std::string model, store_uri, cache_server, token_file, profile, listen = "127.0.0.1:8080";
   LlamaServeOptions engine;
   uint32_t queue = 16, max_tokens = 1024;
   uint32_t max_prompt_tokens = 0;  // 0: the context size
@@ -49,6 +50,8 @@ Result<std::unique_ptr<ChunkStore>> OpenCache(const LlamaServeArgs& a) {
 int RunLlamaServe(LlamaServeArgs a) {
   Result<std::pair<std::string, int>> listen = ParseListen(a.listen);
   if (!listen.ok()) return Fail(listen.status());
+  if (!a.profile.empty())
+    if (Status st = UseProfileFile(a.profile, /*quantizer_given=*/false, &a.engine.codec); !st.ok()) return Fail(st);
   if (a.model.empty()) {
     Result<std::string> path = DefaultModelPath("llama-serve");
     if (!path.ok()) return Fail(path.status());
@@ -85,6 +88,9 @@ int RunLlamaServe(LlamaServeArgs a) {
               a.engine.model_name.c_str(), (*model)->info().layers, (*model)->info().kv_heads,
               (*model)->info().head_dim, so.host.c_str(), (*server)->port(), (*store)->uri().c_str(), a.engine.slots,
               a.engine.codec.chunk_tokens, a.engine.codec.levels, (*engine)->recompute_tokens_per_s());
+  if (a.engine.codec.profile)
+    std::printf("cachegen llama-serve: chunks coded with profile %016llx (%s)\n",
+                static_cast<unsigned long long>(a.engine.codec.profile->id()), a.profile.c_str());
   std::fflush(stdout);
   int sig = 0;
   sigwait(&sigs, &sig);
@@ -119,6 +125,9 @@ const bool kRegistered = RegisterCommand(50, [](CLI::App& root) -> CommandRunner
   sub->add_option("--levels", a->engine.codec.levels, "Quality levels stored per chunk")->capture_default_str();
   sub->add_option("--bits", a->engine.codec.bits_per_value, "Bits per value of the best level (0 = codec default)");
   sub->add_option("--codec", a->engine.codec.codec, "Codec of stored chunks")->capture_default_str();
+  sub->add_option("--profile", a->profile,
+                  "cachegen: code stored chunks with this model profile (.cgprof from `profile train` on this model; "
+                  "its quantizer too)");
   sub->add_option("--max-tokens", a->max_tokens, "Largest max_tokens a request may ask for")->capture_default_str();
   sub->add_flag("!--no-store-new", a->engine.store_new_chunks, "Do not store new chunks after prefill");
   sub->add_flag("!--no-rope", a->engine.rope_keys, "Store keys as cached (post-RoPE); default: RoPE undone before coding");

@@ -8,6 +8,7 @@
 #include <llama.h>
 #include <xxhash.h>
 
+#include "cachegen/profile.h"
 #include "cachegen/stream.h"
 #include "cachegen/stream_client.h"
 #include "serve/openai.h"
@@ -35,7 +36,22 @@ std::string CodecProfile(const CodecConfig& c) {
     p += ";rope=" + std::to_string(static_cast<int>(c.rope.kind)) + "x" + std::to_string(c.rope.dims) + "x" +
          std::to_string(c.rope.freq_base) + "x" + std::to_string(c.rope.freq_scale);
   for (double b : c.level_bits) p += ";lb=" + std::to_string(b);
+  if (c.quantizer != CodecConfig::Quantizer::kUniform) p += ";q=" + std::to_string(static_cast<int>(c.quantizer));
+  if (c.profile) {
+    char id[32];
+    std::snprintf(id, sizeof id, ";profile=%016llx", static_cast<unsigned long long>(c.profile->id()));
+    p += id;
+  }
   return p;
+}
+
+// Whether `encoder` codes this model's KV: a profile for another shape, RoPE
+// or quantizer is refused here, at start-up, not at every store.
+Status CheckEncoderFitsModel(const Encoder& encoder, const LlamaModelInfo& info) {
+  KVTensor one_token(KVShape{info.layers, info.kv_heads, info.head_dim, 1}, DType::kF16);
+  Result<std::vector<uint8_t>> bytes = encoder.Encode(one_token.view());
+  if (!bytes.ok()) return Status::InvalidArgument("the codec settings do not fit this model: " + bytes.status().message());
+  return Status::Ok();
 }
 
 // Bytes of `text` that end on a whole UTF-8 character: a token may end
@@ -125,6 +141,10 @@ Result<std::unique_ptr<LlamaCompletionEngine>> LlamaCompletionEngine::Create(std
   Result<Encoder> enc = Encoder::Create(e->options_.codec);
   if (!enc.ok()) return enc.status();
   e->encoder_ = std::make_unique<Encoder>(std::move(*enc));
+  if (const auto& profile = e->options_.codec.profile) {
+    CG_RETURN_IF_ERROR(CheckEncoderFitsModel(*e->encoder_, e->model_->info()));
+    RegisterProfile(profile);  // the stream client's decoder finds it by id
+  }
   e->model_name_ = options.model_name.empty() ? e->model_->info().architecture : options.model_name;
   if (store && options.model_fingerprint.empty())
     return Status::InvalidArgument("a model fingerprint is needed to address stored chunks");

@@ -44,7 +44,10 @@ struct LlamaServeOptions {
   std::string cache_type = "f16";
   uint32_t threads = 0;            // llama.cpp threads per slot (0: its default)
   uint32_t threads_batch = 0;      // llama.cpp threads for prompt batches (0: as threads)
-  CodecConfig codec;               // how new chunks are encoded (levels, rate); chunk_tokens = chunk size
+  // How new chunks are encoded (levels, rate, profile); chunk_tokens = chunk
+  // size. A profile must fit the model (shape, RoPE, quantizer: Create fails
+  // otherwise); its id and the quantizer are part of the chunk keys.
+  CodecConfig codec;
   double ttft_target_ms = 0;       // TTFT target when a request gives none; 0 = best quality, no deadline
   double recompute_tokens_per_s = 0;  // prefill speed for the planner; 0 = measured at start-up
   double token_eval_ms = 0;        // one-token evaluation time; 0 = measured at start-up
