@@ -190,6 +190,23 @@ print("eval json ok:", len(d["rows"]), "rows")' "$tmp/eval.json"
   build/cachegen eval --model "$tmp/tiny.gguf" --text "$tmp/stories.txt" --profile "$tmp/tiny-uniform.cgprof" --codecs cachegen \
     --bits 2 --windows 1 --context 64 --continuation 16 --greedy 4 --quiet --json >"$tmp/eval_uniform.json"
   python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); assert [r for r in d["rows"] if r["setting"].endswith("profile")], d["rows"]; print("profile quantizer ok")' "$tmp/eval_uniform.json"
+  # put/fetch with a model profile (synthetic KV: a profile learned without RoPE): its id is part of
+  # the chunk keys, and a .cgkv coded with one is refused without it.
+  build/cachegen profile train --model "$tmp/tiny.gguf" --text "$tmp/stories.txt" -o "$tmp/norope.cgprof" \
+    --contexts 2 --context-tokens 64 --continuation 16 --no-rope --no-sensitivity >/dev/null 2>&1
+  seq 1 256 >"$tmp/ids256.txt"
+  chain=(--tokens "$tmp/ids256.txt" --chunk-tokens 64)
+  build/cachegen put --store "file://$tmp/pstore" synthetic:2,2,64,256 "${chain[@]}" --profile "$tmp/norope.cgprof" >/dev/null
+  for p in "--profile $tmp/norope.cgprof" ""; do
+    # shellcheck disable=SC2086  # $p is one option and its value, or nothing
+    build/cachegen fetch --store "file://$tmp/pstore" "${chain[@]}" $p --deadline-ms 60000 --json >"$tmp/fetch.json"
+    python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); assert d["chunks"] == (4 if sys.argv[2] else 0), d' \
+      "$tmp/fetch.json" "$p"
+  done
+  build/cachegen encode synthetic:2,2,64,256 -o "$tmp/p.cgkv" --chunk-tokens 64 --profile "$tmp/norope.cgprof" >/dev/null
+  expect_rc 1 build/cachegen put --store "file://$tmp/pstore2" "$tmp/p.cgkv" "${chain[@]}"
+  build/cachegen put --store "file://$tmp/pstore2" "$tmp/p.cgkv" "${chain[@]}" --profile "$tmp/norope.cgprof" >/dev/null
+  echo "put/fetch with a profile ok"
   build/cachegen demo --windows 1 >"$tmp/demo.txt"
   # Two runs: the default codec, then with a profile the demo learns first.
   [ "$(grep -c '^    restored KV: ' "$tmp/demo.txt")" -eq 2 ] && grep -q 'smaller than f16' "$tmp/demo.txt"

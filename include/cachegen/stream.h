@@ -36,6 +36,10 @@ constexpr uint32_t kMaxChunkLevels = 8;
 
 // The root of a context's key chain. chunk_tokens must be > 0.
 ChunkKey ChainRoot(std::string_view model_fingerprint, std::string_view codec_profile, uint32_t chunk_tokens);
+// The codec profile (ChainRoot) of chunks coded with model profile `id`
+// (cachegen/profile.h): `codec_profile` with the id appended, so that chunks
+// coded with another model profile, or none, are other chunks.
+std::string WithModelProfile(std::string_view codec_profile, uint64_t id);
 // key_i from key_{i-1} and chunk i's token ids.
 ChunkKey NextChunkKey(const ChunkKey& previous, std::span<const TokenId> tokens);
 // The keys of every chunk of `tokens` (ceil(size / chunk_tokens) keys; the last
@@ -81,6 +85,10 @@ Result<PutStats> PutContext(ChunkStore& store, const ChunkKey& root, std::span<c
 
 // Stores the frames of an encoded container (chunk i, level l → frame) under
 // the chain of `tokens`; the container's chunking must match the token count.
+// Every frame of a chunk is decoded once before any is stored: a frame that
+// does not decode here (damaged, or coded with a model profile that is not
+// loaded) fails the put with the decoder's error, and its chunk is not stored
+// (chunks before it are).
 Result<PutStats> PutContainer(ChunkStore& store, const ChunkKey& root, std::span<const TokenId> tokens,
                               std::span<const uint8_t> container);
 

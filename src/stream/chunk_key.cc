@@ -2,6 +2,7 @@
 #include <xxhash.h>
 
 #include <charconv>
+#include <cstdio>
 #include <cstring>
 
 #include "cachegen/stream.h"
@@ -35,6 +36,12 @@ ChunkKey ChainRoot(std::string_view model_fingerprint, std::string_view codec_pr
   str(codec_profile);
   w.U32(chunk_tokens);
   return FromHash(buf);
+}
+
+std::string WithModelProfile(std::string_view codec_profile, uint64_t id) {
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(id));
+  return std::string(codec_profile) + ";profile=" + hex;
 }
 
 ChunkKey NextChunkKey(const ChunkKey& previous, std::span<const TokenId> tokens) {

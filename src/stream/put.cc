@@ -68,8 +68,19 @@ Result<PutStats> PutContainer(ChunkStore& store, const ChunkKey& root, std::span
       ++stats.chunks_skipped;
       continue;
     }
+    std::vector<std::span<const uint8_t>> frames;
     for (uint32_t l = 0; l < info.levels; ++l) {
       CG_ASSIGN_OR_RETURN(std::span<const uint8_t> frame, dec.Frame(i, l));
+      KVShape shape = info.shape;
+      shape.tokens = info.chunks[i].tokens;
+      KVTensor scratch(shape, DType::kF16);
+      if (Status st = DecodeFrame(frame, scratch.view()); !st.ok())
+        return Status::InvalidArgument("put: chunk " + std::to_string(i) + " level " + std::to_string(l) +
+                                       " does not decode: " + st.message());
+      frames.push_back(frame);
+    }
+    for (uint32_t l = 0; l < info.levels; ++l) {
+      const std::span<const uint8_t> frame = frames[l];
       CG_RETURN_IF_ERROR(store.Put(keys[i], l, frame));
       ++stats.frames;
       stats.bytes += frame.size();

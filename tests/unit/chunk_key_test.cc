@@ -115,5 +115,41 @@ TEST(ChunkKey, PutRejectsMismatchedTokens) {
   EXPECT_FALSE(PutContext(**store, ChainRoot("m", "p", 256), tokens, kv->view(), *enc).ok());
 }
 
+// A container frame that does not decode (here: a payload byte flipped in
+// chunk 1's level-1 frame) fails the put: chunk 0 is stored, no frame of
+// chunk 1 is, and an intact container then stores the rest.
+TEST(ChunkKey, PutContainerStoresNoChunkWithAFrameThatDoesNotDecode) {
+  auto store = OpenStore("mem://");
+  ASSERT_TRUE(store.ok());
+  CodecConfig cfg;
+  cfg.levels = 2;
+  cfg.chunk_tokens = 16;
+  auto enc = Encoder::Create(cfg);
+  ASSERT_TRUE(enc.ok());
+  auto kv = SyntheticKV({2, 2, 16, 32}, DType::kF16, 3);
+  ASSERT_TRUE(kv.ok());
+  auto bytes = enc->Encode(kv->view());
+  ASSERT_TRUE(bytes.ok());
+  auto dec = Decoder::Open(*bytes);
+  ASSERT_TRUE(dec.ok());
+  const ChunkEntry& chunk1 = dec->info().chunks[1];
+  std::vector<uint8_t> damaged = *bytes;
+  damaged[chunk1.frame_offset[1] + chunk1.frame_size[1] - 8] ^= 0x40;  // in the payload, not the header
+  const auto tokens = Range(32);
+  const ChunkKey root = ChainRoot("m", "p", 16);
+  const auto keys = ChunkKeys(root, tokens, 16);
+  auto put = PutContainer(**store, root, tokens, damaged);
+  ASSERT_FALSE(put.ok());
+  EXPECT_NE(put.status().message().find("chunk 1 level 1 does not decode"), std::string::npos)
+      << put.status().message();
+  EXPECT_TRUE((*store)->Get(keys[0], 1).ok());
+  EXPECT_FALSE((*store)->Get(keys[1], 0).ok());
+  EXPECT_FALSE((*store)->Get(keys[1], 1).ok());
+  auto again = PutContainer(**store, root, tokens, *bytes);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->chunks_skipped, 1u);
+  EXPECT_EQ(again->chunks_stored, 1u);
+}
+
 }  // namespace
 }  // namespace cachegen

@@ -8,6 +8,7 @@
 #include "cachegen/cli.h"
 #include "cachegen/command.h"
 #include "cachegen/service.h"
+#include "cachegen/profile.h"
 #include "cachegen/stream.h"
 #include "cachegen/stream_client.h"
 #include "kv/io.h"
@@ -43,16 +44,29 @@ Result<std::unique_ptr<ChunkStore>> OpenTarget(const StoreTarget& t, bool to_rea
 
 namespace {
 
-// What names a context's chain: model fingerprint, codec profile, chunk size.
+// What names a context's chain: model fingerprint, codec profile (with the
+// model profile's id, when chunks are coded with one), chunk size.
 struct ChainArgs {
-  std::string model = "default", profile = "default";
+  std::string model = "default", codec_profile = "default", model_profile;
   uint32_t chunk_tokens = kDefaultChunkTokens;
 };
-void AddChainOptions(CLI::App* app, ChainArgs* c) {
+void AddChainOptions(CLI::App* app, ChainArgs* c, const char* model_profile_use) {
   app->add_option("--model", c->model, "Model fingerprint the KV belongs to (part of every chunk key)")
       ->capture_default_str();
-  app->add_option("--profile", c->profile, "Codec profile name (part of every chunk key)")->capture_default_str();
+  app->add_option("--codec-profile", c->codec_profile, "Name of the codec settings (part of every chunk key)")
+      ->capture_default_str();
+  app->add_option("--profile", c->model_profile, model_profile_use);
   app->add_option("--chunk-tokens", c->chunk_tokens, "Tokens per chunk")->capture_default_str();
+}
+
+// The chain's root; with --profile, the model profile is loaded (decoders
+// find it by id) and, when `config` is given, set in it with its quantizer.
+Result<ChunkKey> LoadChain(const ChainArgs& c, uint32_t chunk_tokens, CodecConfig* config = nullptr) {
+  if (c.model_profile.empty()) return ChainRoot(c.model, c.codec_profile, chunk_tokens);
+  CodecConfig loaded;
+  CG_RETURN_IF_ERROR(UseProfileFile(c.model_profile, /*quantizer_given=*/false, config ? config : &loaded));
+  const uint64_t id = (config ? config : &loaded)->profile->id();
+  return ChainRoot(c.model, WithModelProfile(c.codec_profile, id), chunk_tokens);
 }
 
 Result<std::vector<TokenId>> LoadTokens(const std::string& path) {
@@ -89,7 +103,9 @@ int RunPut(const PutArgs& a) {
     if (chunk_tokens != a.chain.chunk_tokens)
       return Fail(Status::InvalidArgument(a.input + " has " + std::to_string(chunk_tokens) +
                                           "-token chunks; pass --chunk-tokens " + std::to_string(chunk_tokens)));
-    stats = PutContainer(**store, ChainRoot(a.chain.model, a.chain.profile, chunk_tokens), *tokens, *bytes);
+    Result<ChunkKey> root = LoadChain(a.chain, chunk_tokens);
+    if (!root.ok()) return Fail(root.status());
+    stats = PutContainer(**store, *root, *tokens, *bytes);
   } else {
     Result<KVTensor> kv = LoadInput(a.input);
     if (!kv.ok()) return Fail(kv.status());
@@ -100,9 +116,11 @@ int RunPut(const PutArgs& a) {
     cfg.chunk_tokens = chunk_tokens;
     cfg.threads = a.threads;
     if (chunk_tokens == 0) return Fail(Status::InvalidArgument("--chunk-tokens must be > 0"));
+    Result<ChunkKey> root = LoadChain(a.chain, chunk_tokens, &cfg);
+    if (!root.ok()) return Fail(root.status());
     Result<Encoder> enc = Encoder::Create(cfg);
     if (!enc.ok()) return Fail(enc.status());
-    stats = PutContext(**store, ChainRoot(a.chain.model, a.chain.profile, chunk_tokens), *tokens, kv->view(), *enc);
+    stats = PutContext(**store, *root, *tokens, kv->view(), *enc);
   }
   if (!stats.ok()) return Fail(stats.status());
   if (a.json) {
@@ -148,9 +166,11 @@ int RunFetch(const FetchArgs& a) {
   opts.dtype = *dtype;
   // The delivered chunks, kept only when writing them out.
   std::vector<KVTensor> chunks;
+  Result<ChunkKey> root = LoadChain(a.chain, a.chain.chunk_tokens);
+  if (!root.ok()) return Fail(root.status());
   StreamClient client(store->get());
   Result<StreamResult> r = client.FetchTokens(
-      ChainRoot(a.chain.model, a.chain.profile, a.chain.chunk_tokens), *tokens, a.chain.chunk_tokens, opts,
+      *root, *tokens, a.chain.chunk_tokens, opts,
       [&](const StreamedChunk& c) {
         if (a.output.empty()) return;
         if (chunks.size() <= c.index) chunks.resize(c.index + 1);
@@ -208,7 +228,9 @@ const bool kPut = RegisterCommand(21, [](CLI::App& root) -> CommandRunner {
   auto a = std::make_shared<PutArgs>();
   CLI::App* sub = root.add_subcommand("put", "Store a context's chunks at every quality level");
   AddStoreTargetOptions(sub, &a->target);
-  AddChainOptions(sub, &a->chain);
+  AddChainOptions(sub, &a->chain,
+                  "Model profile (.cgprof) the chunks are coded with: a KV input is encoded with it (and its "
+                  "quantizer); a .cgkv coded with one needs it. Its id is part of every chunk key");
   sub->add_option("input", a->input, "KV file (.npy, .safetensors, .kvraw), synthetic:L,H,D,T[,seed], or a .cgkv")
       ->required();
   sub->add_option("--tokens", a->tokens, "File of the context's token ids (whitespace/comma separated)")->required();
@@ -224,7 +246,9 @@ const bool kFetch = RegisterCommand(22, [](CLI::App& root) -> CommandRunner {
   auto a = std::make_shared<FetchArgs>();
   CLI::App* sub = root.add_subcommand("fetch", "Stream a context's cached chunks under a deadline");
   AddStoreTargetOptions(sub, &a->target);
-  AddChainOptions(sub, &a->chain);
+  AddChainOptions(sub, &a->chain,
+                  "Model profile (.cgprof) the chunks were put with (decoding needs it; its id is part of every "
+                  "chunk key)");
   sub->add_option("--tokens", a->tokens, "File of the context's token ids")->required();
   sub->add_option("--deadline-ms", a->deadline_ms, "Deadline for the whole transfer")->required();
   sub->add_option("--recompute-tps", a->recompute_tps,

@@ -37,12 +37,7 @@ std::string CodecProfile(const CodecConfig& c) {
          std::to_string(c.rope.freq_base) + "x" + std::to_string(c.rope.freq_scale);
   for (double b : c.level_bits) p += ";lb=" + std::to_string(b);
   if (c.quantizer != CodecConfig::Quantizer::kUniform) p += ";q=" + std::to_string(static_cast<int>(c.quantizer));
-  if (c.profile) {
-    char id[32];
-    std::snprintf(id, sizeof id, ";profile=%016llx", static_cast<unsigned long long>(c.profile->id()));
-    p += id;
-  }
-  return p;
+  return c.profile ? WithModelProfile(p, c.profile->id()) : p;
 }
 
 // Whether `encoder` codes this model's KV: a profile for another shape, RoPE
