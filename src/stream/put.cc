@@ -69,11 +69,11 @@ Result<PutStats> PutContainer(ChunkStore& store, const ChunkKey& root, std::span
       continue;
     }
     std::vector<std::span<const uint8_t>> frames;
+    KVShape shape = info.shape;
+    shape.tokens = info.chunks[i].tokens;
+    KVTensor scratch(shape, DType::kF16);
     for (uint32_t l = 0; l < info.levels; ++l) {
       CG_ASSIGN_OR_RETURN(std::span<const uint8_t> frame, dec.Frame(i, l));
-      KVShape shape = info.shape;
-      shape.tokens = info.chunks[i].tokens;
-      KVTensor scratch(shape, DType::kF16);
       if (Status st = DecodeFrame(frame, scratch.view()); !st.ok())
         return Status::InvalidArgument("put: chunk " + std::to_string(i) + " level " + std::to_string(l) +
                                        " does not decode: " + st.message());

@@ -7,8 +7,8 @@
 
 #include "cachegen/cli.h"
 #include "cachegen/command.h"
-#include "cachegen/service.h"
 #include "cachegen/profile.h"
+#include "cachegen/service.h"
 #include "cachegen/stream.h"
 #include "cachegen/stream_client.h"
 #include "kv/io.h"
@@ -64,9 +64,9 @@ void AddChainOptions(CLI::App* app, ChainArgs* c, const char* model_profile_use)
 Result<ChunkKey> LoadChain(const ChainArgs& c, uint32_t chunk_tokens, CodecConfig* config = nullptr) {
   if (c.model_profile.empty()) return ChainRoot(c.model, c.codec_profile, chunk_tokens);
   CodecConfig loaded;
-  CG_RETURN_IF_ERROR(UseProfileFile(c.model_profile, /*quantizer_given=*/false, config ? config : &loaded));
-  const uint64_t id = (config ? config : &loaded)->profile->id();
-  return ChainRoot(c.model, WithModelProfile(c.codec_profile, id), chunk_tokens);
+  CodecConfig* target = config ? config : &loaded;
+  CG_RETURN_IF_ERROR(UseProfileFile(c.model_profile, /*quantizer_given=*/false, target));
+  return ChainRoot(c.model, WithModelProfile(c.codec_profile, target->profile->id()), chunk_tokens);
 }
 
 Result<std::vector<TokenId>> LoadTokens(const std::string& path) {

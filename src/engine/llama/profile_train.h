@@ -30,7 +30,7 @@ struct ModelProfileOptions {
   bool key_transform = true;
   bool channel_classes = true;
   std::vector<double> sensitivity_steps = SensitivityOptions().steps;
-  CodecConfig tuning;  // quantizer, group size and rotation learned for
+  CodecConfig tuning;  // the quantizer, group size and rotation the profile is learned for
   // One line per step and per part skipped (with the reason); may be empty.
   std::function<void(const std::string&)> progress;
 };
