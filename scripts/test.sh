@@ -206,7 +206,10 @@ print("eval json ok:", len(d["rows"]), "rows")' "$tmp/eval.json"
   build/cachegen encode synthetic:2,2,64,256 -o "$tmp/p.cgkv" --chunk-tokens 64 --profile "$tmp/norope.cgprof" >/dev/null
   expect_rc 1 build/cachegen put --store "file://$tmp/pstore2" "$tmp/p.cgkv" "${chain[@]}"
   build/cachegen put --store "file://$tmp/pstore2" "$tmp/p.cgkv" "${chain[@]}" --profile "$tmp/norope.cgprof" >/dev/null
-  echo "put/fetch with a profile ok"
+  # bench: the cachegen codec again with the profile, in the same run
+  build/cachegen bench --synthetic 2,2,64,256 --codecs cachegen --profile "$tmp/norope.cgprof" --reps 1 --json \
+    | python3 -c 'import json,sys; d=json.load(sys.stdin); assert [c["status"] for c in d["codecs"]] == ["ok", "ok"] and d["codecs"][1]["name"] == "cachegen+prof", d["codecs"]'
+  echo "put/fetch and bench with a profile ok"
   build/cachegen demo --windows 1 >"$tmp/demo.txt"
   # Two runs: the default codec, then with a profile the demo learns first.
   [ "$(grep -c '^    restored KV: ' "$tmp/demo.txt")" -eq 2 ] && grep -q 'smaller than f16' "$tmp/demo.txt"

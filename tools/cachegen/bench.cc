@@ -12,6 +12,7 @@
 
 #include "cachegen/cli.h"
 #include "cachegen/codec.h"
+#include "cachegen/profile.h"
 #include "common/parallel.h"
 
 namespace cachegen::cli {
@@ -65,8 +66,9 @@ struct CodecResult {
 
 nlohmann::json Num(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
 
-Status BenchOne(const KVTensor& input, const std::string& codec, const BenchOptions& o, double mb, const ZstdRef& zstd,
-                CodecResult* r) {
+// `profile` (cachegen only; may be null): encode with it and its quantizer.
+Status BenchOne(const KVTensor& input, const std::string& codec, const std::shared_ptr<const Profile>& profile,
+                const BenchOptions& o, double mb, const ZstdRef& zstd, CodecResult* r) {
   CodecConfig cfg;
   cfg.codec = codec;
   cfg.chunk_tokens = o.chunk_tokens;
@@ -74,6 +76,8 @@ Status BenchOne(const KVTensor& input, const std::string& codec, const BenchOpti
     if (o.bits > 0) cfg.bits_per_value = o.bits;
     cfg.rope = o.rope;
     cfg.group_tokens = o.group_tokens;
+    cfg.profile = profile;
+    if (profile) cfg.quantizer = profile->quantizer().value_or(cfg.quantizer);
   }
   cfg.threads = 1;
   CG_ASSIGN_OR_RETURN(Encoder enc1, Encoder::Create(cfg));
@@ -157,15 +161,18 @@ Status RunBench(const KVTensor& input, const std::string& input_name, const Benc
   std::vector<CodecResult> results;
   bool failed = false;
   for (const std::string& name : names) {
-    CodecResult r;
-    r.name = name;
-    Status st = BenchOne(half, name, o, mb, zref, &r);
-    if (!st.ok()) {
-      r.status = st.code() == StatusCode::kUnsupported ? "unavailable" : "error";
-      r.message = st.message();
-      failed |= st.code() != StatusCode::kUnsupported;
+    for (const bool with_profile : {false, true}) {
+      if (with_profile && (name != "cachegen" || !o.profile)) continue;
+      CodecResult r;
+      r.name = with_profile ? name + "+prof" : name;
+      Status st = BenchOne(half, name, with_profile ? o.profile : nullptr, o, mb, zref, &r);
+      if (!st.ok()) {
+        r.status = st.code() == StatusCode::kUnsupported ? "unavailable" : "error";
+        r.message = st.message();
+        failed |= st.code() != StatusCode::kUnsupported;
+      }
+      results.push_back(std::move(r));
     }
-    results.push_back(std::move(r));
   }
 
   const KVShape& s = input.shape();

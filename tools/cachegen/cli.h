@@ -6,6 +6,7 @@
 #include <vector>
 
 #include <functional>
+#include <memory>
 
 #include "cachegen/codec.h"
 #include "cachegen/kv.h"
@@ -110,6 +111,9 @@ struct BenchOptions {
   RopeConfig rope;
   uint32_t group_tokens = 0;
   DType out_dtype = DType::kF16;  // what the decodes write (MB/s still count fp16 bytes)
+  // A model profile: the cachegen codec also runs with it (and its quantizer),
+  // as the row "cachegen+prof" right after "cachegen", in the same run.
+  std::shared_ptr<const Profile> profile;
 };
 
 // Runs the benchmark on `input` and prints a table (or one JSON object).

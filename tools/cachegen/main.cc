@@ -260,6 +260,10 @@ int Main(int argc, char** argv) {
   bench->add_flag("--json", bo.json, "Print exactly one JSON object");
   RopeArgs bench_rope;
   AddRopeOptions(bench, &bench_rope, /*model_flag=*/false);
+  std::string bench_profile;
+  bench->add_option("--profile", bench_profile,
+                    "Model profile (.cgprof): the cachegen codec also runs with it (and its quantizer), as the row "
+                    "cachegen+prof, in the same run");
   bench->add_option("--group-tokens", bo.group_tokens, "cachegen: prediction group size G (0 = default)")
       ->capture_default_str();
   std::string bench_dtype = "f16";
@@ -317,6 +321,11 @@ int Main(int argc, char** argv) {
     Result<DType> out_dtype = ParseDType(bench_dtype);
     if (!out_dtype.ok()) return Fail(out_dtype.status());
     bo.out_dtype = *out_dtype;
+    if (!bench_profile.empty()) {
+      Result<std::shared_ptr<const Profile>> p = LoadProfileFile(bench_profile);
+      if (!p.ok()) return Fail(p.status());
+      bo.profile = *p;
+    }
     Result<KVTensor> in = LoadInput(name);
     if (!in.ok()) return Fail(in.status());
     Status st = RunBench(*in, name, bo);
