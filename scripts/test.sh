@@ -156,8 +156,10 @@ build/cachegen bench-store --store mem:// --service --threads 8 --requests 50 --
   | python3 -c 'import json,sys; d=json.load(sys.stdin); assert all(s["all"]["requests"]==400 and s["all"]["errors"]==0 for s in d["stores"])'
 build/cachegen bench-stream --synthetic 4,2,64,1024 --traces 10gbit,drop --reps 1 --deadline-factors 1 \
   --receive-path 2 >"$tmp/bench-stream.txt"
-grep -q '^Receive path' "$tmp/bench-stream.txt" && grep -q '^Per row' "$tmp/bench-stream.txt" &&
-  grep -q '^Local level-0' "$tmp/bench-stream.txt"
+# One check per command: under set -e a failure before the last && of a list does not stop the script.
+grep -q '^Receive path' "$tmp/bench-stream.txt"
+grep -q '^Per row' "$tmp/bench-stream.txt"
+grep -q '^Local level-0' "$tmp/bench-stream.txt"
 echo "cli smoke ok"
 
 if build/cachegen eval --help >/dev/null 2>&1; then
@@ -212,7 +214,8 @@ print("eval json ok:", len(d["rows"]), "rows")' "$tmp/eval.json"
   echo "put/fetch and bench with a profile ok"
   build/cachegen demo --windows 1 >"$tmp/demo.txt"
   # Two runs: the default codec, then with a profile the demo learns first.
-  [ "$(grep -c '^    restored KV: ' "$tmp/demo.txt")" -eq 2 ] && grep -q 'smaller than f16' "$tmp/demo.txt"
+  [ "$(grep -c '^    restored KV: ' "$tmp/demo.txt")" -eq 2 ]
+  grep -q 'smaller than f16' "$tmp/demo.txt"
   grep -q '^learned just now from the 8 windows after the scored ones' "$tmp/demo.txt"
   build/cachegen demo --windows 1 --model "$tmp/tiny.gguf" --text "$tmp/stories.txt" --profile "$tmp/tiny.cgprof" \
     >"$tmp/demo_profile.txt" 2>/dev/null
