@@ -63,14 +63,19 @@ TEST(ChunkKey, ParseTokenIds) {
   EXPECT_FALSE(ParseTokenIds("1.5").ok());
 }
 
-TEST(ChunkKey, LookupAndMultiTurnPutStoreOnlyNewChunks) {
-  auto store = OpenStore("mem://");
-  ASSERT_TRUE(store.ok()) << store.status().ToString();
+// An encoder of two levels per chunk of 16 tokens (one thread).
+Result<Encoder> TwoLevelEncoder() {
   CodecConfig cfg;
   cfg.chunk_tokens = 16;
   cfg.levels = 2;
   cfg.threads = 1;
-  auto enc = Encoder::Create(cfg);
+  return Encoder::Create(cfg);
+}
+
+TEST(ChunkKey, LookupAndMultiTurnPutStoreOnlyNewChunks) {
+  auto store = OpenStore("mem://");
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  auto enc = TwoLevelEncoder();
   ASSERT_TRUE(enc.ok());
   auto kv = SyntheticKV({2, 2, 16, 64}, DType::kF16, 3);
   ASSERT_TRUE(kv.ok());
@@ -121,10 +126,7 @@ TEST(ChunkKey, PutRejectsMismatchedTokens) {
 TEST(ChunkKey, PutContainerStoresNoChunkWithAFrameThatDoesNotDecode) {
   auto store = OpenStore("mem://");
   ASSERT_TRUE(store.ok());
-  CodecConfig cfg;
-  cfg.levels = 2;
-  cfg.chunk_tokens = 16;
-  auto enc = Encoder::Create(cfg);
+  auto enc = TwoLevelEncoder();
   ASSERT_TRUE(enc.ok());
   auto kv = SyntheticKV({2, 2, 16, 32}, DType::kF16, 3);
   ASSERT_TRUE(kv.ok());

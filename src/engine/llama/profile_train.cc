@@ -75,12 +75,7 @@ Result<ModelProfile> TrainModelProfile(const ModelProfileOptions& o) {
   if (o.key_transform && cfg.rotate) Say(o, "profile: key transforms skipped (not with --rotate)");
   CG_ASSIGN_OR_RETURN(out.profile, Profile::Train(views, cfg, train));
   if (!o.sensitivity) return out;
-  SensitivityOptions so;
-  so.context = o.context;
-  so.continuation = o.continuation;
-  so.steps = o.sensitivity_steps;
-  so.threads = o.threads;
-  so.progress = o.progress;
+  const SensitivityOptions so{o.context, o.continuation, o.sensitivity_steps, o.threads, o.progress};
   CG_ASSIGN_OR_RETURN(out.sensitivity,
                       MeasureSensitivity(model, std::span(windows).subspan(o.skip), *out.profile, cfg, so));
   CG_ASSIGN_OR_RETURN(out.profile, out.profile->WithSensitivity(out.sensitivity->weights));
