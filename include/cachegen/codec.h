@@ -109,6 +109,11 @@ struct FrameStats {
   // Per layer: bits per value of K and of V payloads (side info included).
   std::vector<double> layer_bits_k, layer_bits_v;
   double bits_per_value = 0;  // bytes * 8 / values
+  // Encoding with a model profile: sections whose data was too unlike the
+  // profile's training data to use its statistics, coded with their own
+  // instead (docs/FORMAT.md, "Model profiles"). Many such sections suggest
+  // the profile of another model.
+  uint32_t sections_unlike_profile = 0;
 };
 
 struct EncodeStats {

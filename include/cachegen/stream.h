@@ -72,6 +72,9 @@ struct PutStats {
   uint32_t chunks_skipped = 0;  // already present at every level (an earlier turn)
   uint64_t frames = 0;
   uint64_t bytes = 0;  // frame bytes written
+  // Of the frames' sections, those coded with their own statistics instead of
+  // the encoder's model profile (FrameStats::sections_unlike_profile).
+  uint64_t sections_unlike_profile = 0;
 };
 
 // Stores a context's chunks at every level of `encoder`'s config:

@@ -56,6 +56,9 @@ struct ChunkF32 {
 struct EncodedSection {
   std::vector<uint8_t> bytes;
   uint32_t side_bytes = 0;  // of bytes, how many are side information (scales, tables...)
+  // cachegen with a model profile: the section's data was too unlike the
+  // profile's to use its statistics (coded with its own).
+  bool unlike_profile = false;
 };
 
 struct EncodedLevel {

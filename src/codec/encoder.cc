@@ -149,6 +149,7 @@ Result<std::vector<std::vector<uint8_t>>> EncodeChunkImpl(const CodecConfig& con
         if (s->bytes.size() > UINT32_MAX || s->side_bytes > s->bytes.size())
           return Status::Internal(std::string(codec->name()) + " returned an oversized section");
         fs.side_bytes += s->side_bytes;
+        fs.sections_unlike_profile += s->unlike_profile;
       }
       fs.layer_bits_k.push_back(double(k.bytes.size()) * 8 / section_values);
       fs.layer_bits_v.push_back(double(v.bytes.size()) * 8 / section_values);

@@ -36,8 +36,10 @@ Result<PutStats> PutContext(ChunkStore& store, const ChunkKey& root, std::span<c
       ++stats.chunks_skipped;
       continue;
     }
+    std::vector<FrameStats> frame_stats;
     CG_ASSIGN_OR_RETURN(std::vector<std::vector<uint8_t>> frames,
-                        encoder.EncodeChunk(kv.Tokens(start, count), start, context));
+                        encoder.EncodeChunk(kv.Tokens(start, count), start, context, &frame_stats));
+    for (const FrameStats& fs : frame_stats) stats.sections_unlike_profile += fs.sections_unlike_profile;
     for (uint32_t l = 0; l < frames.size(); ++l) {
       CG_RETURN_IF_ERROR(store.Put(keys[i], l, frames[l]));
       ++stats.frames;

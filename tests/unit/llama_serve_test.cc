@@ -233,6 +233,9 @@ TEST_F(LlamaServeTest, LossyChunksLoadAndGenerate) {
   auto first = engine->Complete(0, Request(), Ignore);
   ASSERT_TRUE(first.ok());
   engine->FlushStores();
+  // The model's own profile on its own KV: every section uses the profile's statistics.
+  EXPECT_NE(engine->MetricsText().find("cachegen_llama_sections_unlike_profile_total 0\n"), std::string::npos)
+      << engine->MetricsText();
   auto second = engine->Complete(0, Request(), Ignore);
   ASSERT_TRUE(second.ok()) << second.status().message();
   EXPECT_GT(second->timings.cached_tokens, 0u);

@@ -86,6 +86,14 @@ Status UseProfileFile(const std::string& path, bool quantizer_given, CodecConfig
   return Status::Ok();
 }
 
+void NoteSectionsUnlikeProfile(uint64_t unlike, uint64_t sections) {
+  if (unlike == 0) return;
+  std::fprintf(stderr,
+               "cachegen: note: %llu of %llu sections were coded with their own statistics, not the profile's: their "
+               "data is far from the profile's training data (is it this model's profile?)\n",
+               static_cast<unsigned long long>(unlike), static_cast<unsigned long long>(sections));
+}
+
 Result<RopeConfig> ResolveRope(const RopeArgs& a) {
   RopeConfig r;
   if (!a.kind.empty()) {

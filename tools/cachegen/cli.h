@@ -37,6 +37,9 @@ Result<std::shared_ptr<const Profile>> LoadProfileFile(const std::string& path);
 // LoadProfileFile into config->profile. Unless --quantizer was given, the
 // config takes the quantizer the profile was trained for (where it says).
 Status UseProfileFile(const std::string& path, bool quantizer_given, CodecConfig* config);
+// Tells on stderr how many of `sections` were too unlike the profile's data to
+// use its statistics (FrameStats::sections_unlike_profile), when any were.
+void NoteSectionsUnlikeProfile(uint64_t unlike, uint64_t sections);
 // The codec's RoPE setting: explicit --rope wins, then the --model's GGUF
 // (RoPE on when the model has normal/NeoX RoPE, unless --no-rope), else none.
 Result<RopeConfig> ResolveRope(const RopeArgs& args);

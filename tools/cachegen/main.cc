@@ -63,6 +63,9 @@ int RunEncode(const EncodeArgs& a) {
   EncodeStats stats;
   Result<std::vector<uint8_t>> bytes = enc->Encode(in->view(), &stats);
   if (!bytes.ok()) return Fail(bytes.status());
+  uint64_t unlike_profile = 0;
+  for (const FrameStats& fs : stats.frames) unlike_profile += fs.sections_unlike_profile;
+  NoteSectionsUnlikeProfile(unlike_profile, stats.frames.size() * 2 * uint64_t{in->shape().layers});
   Status st = WriteFileBytes(a.output, *bytes);
   if (!st.ok()) return Fail(st);
   const double bpv = static_cast<double>(bytes->size()) * 8.0 / static_cast<double>(in->shape().values());
@@ -74,6 +77,7 @@ int RunEncode(const EncodeArgs& a) {
                         {"container_bytes", bytes->size()},
                         {"bits_per_value", bpv},
                         {"frames", stats.frames.size()},
+                        {"sections_unlike_profile", unlike_profile},
                         {"level_bits_per_value", stats.level_bits_per_value}};
     std::puts(j.dump(2).c_str());
   } else {

@@ -121,6 +121,7 @@ int RunPut(const PutArgs& a) {
     Result<Encoder> enc = Encoder::Create(cfg);
     if (!enc.ok()) return Fail(enc.status());
     stats = PutContext(**store, *root, *tokens, kv->view(), *enc);
+    if (stats.ok()) NoteSectionsUnlikeProfile(stats->sections_unlike_profile, stats->frames * 2 * kv->shape().layers);
   }
   if (!stats.ok()) return Fail(stats.status());
   if (a.json) {
@@ -128,7 +129,8 @@ int RunPut(const PutArgs& a) {
                                        {"stored", stats->chunks_stored},
                                        {"skipped", stats->chunks_skipped},
                                        {"frames", stats->frames},
-                                       {"bytes", stats->bytes}}
+                                       {"bytes", stats->bytes},
+                                       {"sections_unlike_profile", stats->sections_unlike_profile}}
                             .dump()
                             .c_str());
   } else {

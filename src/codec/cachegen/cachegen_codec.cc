@@ -31,6 +31,14 @@ constexpr uint8_t kFlagProfile = 4;
 // 10.4, 9.8, 10.6 dB. The per-section delta/no-delta choice keeps it safe on
 // data without token correlation. To be re-measured on real models.
 constexpr uint32_t kDefaultGroupTokens = kCacheGenDefaultGroupTokens;
+// A section whose data lies further than this from the profile's statistics
+// (octaves, SectionLayout::profile_misfit_octaves) is coded with its own.
+// Measured (largest over every section and chunk): stories260K with its
+// profile 0.18 on its own kind of text, 0.35 on markdown, 0.79 on random
+// characters; the random-weight test model with a profile from 128 tokens
+// 0.91. Its profile on synthetic KV of its shape: 1.66 and 2.83 in two of
+// four sections (V SNR -0.1 dB with the profile's statistics, docs/EVAL.md).
+constexpr float kProfileMisfitOctaves = 1.5f;
 // Each quality level below the first targets this fraction of the previous
 // level's bits (bits mode), 6 dB less (SNR mode) or twice the error (max-error mode).
 constexpr double kLevelBitsRatio = 0.75;
@@ -221,6 +229,7 @@ class CacheGenCodec final : public Codec {
       sl.section = uint32_t(i);
       sl.SetProfileTransform();
       sl.lloyd = layout.lloyd && i % 2 == 0;
+      sl.profile_misfit_octaves = kProfileMisfitOctaves;
       analyses[i].emplace(sl, rows);
       return Status::Ok();
     }));
@@ -249,6 +258,7 @@ class CacheGenCodec final : public Codec {
       CG_RETURN_IF_ERROR(ParallelFor(n_sections, cfg.threads, [&](uint64_t i) {
         EncodedSection& es = out[lv].sections[i];
         analyses[i]->Encode(q[i], &es.bytes, &es.side_bytes);
+        es.unlike_profile = p.profile && !analyses[i]->layout().profile;
         return Status::Ok();
       }));
     }

@@ -332,6 +332,33 @@ void ChannelSums(const float* y, uint32_t tokens, uint32_t C, double* sum, doubl
   ChannelSumsScalar(y, tokens, C, sum, sum_sq);
 }
 
+// How far a section's data lies from a profile's statistics: per head, the
+// mean over its channels of log2(RMS of x - profile mean / profile scale),
+// each channel's term within +-kMaxChannelOctaves; the largest magnitude
+// over the heads, in octaves. Near 0 on data like the profile's training
+// data (channel weights move scales within a head but keep each head's
+// geometric mean, FORMAT.md). An octave off is a bit per value spent where
+// the profile's rate allocation did not mean it (too many, or too few: then
+// values quantize to the profile's mean).
+constexpr double kMaxChannelOctaves = 8;
+double ProfileMisfitOctaves(const internal::ProfileData& prof, uint32_t section, uint32_t head_dim, uint32_t tokens,
+                            std::span<const double> sum, std::span<const double> sum_sq) {
+  const std::vector<uint8_t>& sigma_code = prof.sigma_code[section];
+  const std::vector<int32_t>& mean_code = prof.mean_code[section];
+  const double n = std::max<uint32_t>(1, tokens);
+  double worst = 0;
+  for (size_t c0 = 0; c0 < sum.size(); c0 += head_dim) {
+    double octaves = 0;
+    for (size_t c = c0; c < c0 + head_dim; ++c) {
+      const double sigma = SigmaFromCode(sigma_code[c]), mu = MeanFromCode(mean_code[c], float(sigma));
+      const double mean_sq = std::max(0.0, sum_sq[c] / n - 2 * mu * sum[c] / n + mu * mu);
+      octaves += std::clamp(0.5 * std::log2(mean_sq / (sigma * sigma)), -kMaxChannelOctaves, kMaxChannelOctaves);
+    }
+    worst = std::max(worst, std::abs(octaves / head_dim));
+  }
+  return worst;
+}
+
 // One row through the uniform quantizer: sym[c] = ZigZag(QuantizeValue(row[c]
 // - pred[c], inv[c])) and, when out is set, the reconstruction out[c] =
 // pred[c] + q * st[c] (a multiply, then an add). out may not alias the inputs.
@@ -412,7 +439,11 @@ SectionAnalysis::SectionAnalysis(const SectionLayout& layout, std::span<const fl
   mean_code_.resize(C);
   sigma_.resize(C);
   mean_.resize(C);
-  if (layout.profile) {
+  // A section of data unlike the profile's keeps the transform but codes with its own statistics and tables.
+  if (layout.profile && layout.profile_misfit_octaves > 0 && tq > 0 &&
+      ProfileMisfitOctaves(*layout.profile, layout.section, D, tq, sum, sum_sq) > layout.profile_misfit_octaves)
+    layout_.profile = nullptr;
+  if (layout_.profile) {
     sigma_code_ = layout.profile->sigma_code[layout.section];
     mean_code_ = layout.profile->mean_code[layout.section];
     for (uint32_t c = 0; c < C; ++c) {

@@ -48,6 +48,12 @@ struct SectionLayout {
   // section `section` = 2 * layer + (V ? 1 : 0) come from it), or none.
   const internal::ProfileData* profile = nullptr;
   uint32_t section = 0;
+  // Encoder only: a section whose data lies more than this many octaves from
+  // the profile's statistics in some head (SectionAnalysis) is coded with its
+  // own statistics and tables, still through the profile's transform.
+  // 0: always the profile's (profile training measures with the statistics
+  // it is learning).
+  float profile_misfit_octaves = 0;
   // The profile's learned per-head transform of this section (U and U^T,
   // H x D x D each; SetProfileTransform), or null: rows are coded as U^T x.
   const float* transform = nullptr;
@@ -109,6 +115,8 @@ class SectionAnalysis {
  public:
   // `rows` must outlive the analysis (unrotated rows are not copied).
   SectionAnalysis(const SectionLayout& layout, std::span<const float> rows);
+  // The layout as coded: profile null where the section's data did not fit
+  // the profile (SectionLayout::profile_misfit_octaves).
   const SectionLayout& layout() const { return layout_; }
   // Sum of squares and count of the original values (for SNR targets).
   double signal_power() const { return signal_power_; }

@@ -423,6 +423,12 @@ void LlamaCompletionEngine::StoreWorker() {
     if (put.ok()) {
       stored_chunks_ += put->chunks_stored;
       stored_bytes_ += put->bytes;
+      if (put->sections_unlike_profile > 0 && sections_unlike_profile_ == 0)
+        std::fprintf(stderr,
+                     "cachegen llama-serve: %llu sections of the chunks stored were coded with their own statistics: "
+                     "their KV is far from the profile's training data (is it this model's profile?)\n",
+                     static_cast<unsigned long long>(put->sections_unlike_profile));
+      sections_unlike_profile_ += put->sections_unlike_profile;
     } else {
       ++store_errors_;
       std::fprintf(stderr, "cachegen llama-serve: storing chunks failed: %s\n", put.status().message().c_str());
@@ -459,7 +465,9 @@ std::string LlamaCompletionEngine::MetricsText() const {
          "\n# TYPE cachegen_llama_store_errors_total counter\ncachegen_llama_store_errors_total " +
          std::to_string(store_errors_) + "\ncachegen_llama_store_dropped_total " + std::to_string(store_dropped_) +
          "\n# TYPE cachegen_llama_fetch_errors_total counter\ncachegen_llama_fetch_errors_total " +
-         std::to_string(fetch_errors_) + "\n";
+         std::to_string(fetch_errors_) +
+         "\n# TYPE cachegen_llama_sections_unlike_profile_total counter\ncachegen_llama_sections_unlike_profile_total " +
+         std::to_string(sections_unlike_profile_) + "\n";
 }
 
 }  // namespace cachegen

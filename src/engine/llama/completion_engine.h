@@ -137,6 +137,7 @@ class LlamaCompletionEngine final : public serve::CompletionEngine {
   std::deque<StoreJob> store_queue_;
   bool store_busy_ = false, stopping_ = false;
   uint64_t stored_chunks_ = 0, stored_bytes_ = 0, store_errors_ = 0, store_dropped_ = 0;
+  uint64_t sections_unlike_profile_ = 0;  // PutStats::sections_unlike_profile, summed
   uint64_t fetch_errors_ = 0;  // failed prefix lookups and chunks (StreamResult::errors), under store_mu_
   // Failed lookups are logged at most every kLookupLogInterval; the ones in
   // between are counted into the next line (a store that is down fails every
