@@ -133,6 +133,12 @@ expect_rc 1 build/cachegen encode "$tmp/missing.npy" -o "$tmp/x.cgkv"
 expect_rc 1 build/cachegen encode synthetic:1,2 -o "$tmp/x.cgkv"
 expect_rc 2 build/cachegen encode
 expect_rc 2 build/cachegen encode synthetic:1,1,8,8 -o "$tmp/x.cgkv" --bits 2 --snr-db 10
+expect_rc 2 build/cachegen encode synthetic:1,1,8,8 -o "$tmp/x.txt"
+expect_rc 2 build/cachegen encode synthetic:1,1,8,8 -o "$tmp/x.cgkv" --bits 0
+expect_rc 1 build/cachegen encode synthetic:1,1,8,8 -o "$tmp/x.cgkv" --codec q8 --levels 3
+# An input larger than the machine: a clean error, not an abort (275 GB of f16).
+expect_rc 1 build/cachegen encode synthetic:64,64,256,65536 -o "$tmp/x.cgkv"
+expect_rc 2 build/cachegen demo --synthetic 1,1,8,8 --windows 2
 # chunk store CLI: put/get round trip, verify finds a flipped byte
 key=00112233445566778899aabbccddeeff
 head -c 3000 /dev/zero >"$tmp/frame"
@@ -204,6 +210,10 @@ print("eval json ok:", len(d["rows"]), "rows")' "$tmp/eval.json"
   # statistics, and put says so.
   python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); assert d["sections_unlike_profile"] > 0, d' "$tmp/put.json"
   grep -q "sections were coded with their own statistics" "$tmp/put.err"
+  # A KV input with a profile learned with RoPE undone: put takes the keys' RoPE as encode does.
+  expect_rc 1 build/cachegen put --store mem:// synthetic:2,2,64,256 "${chain[@]}" --profile "$tmp/tiny.cgprof"
+  build/cachegen put --store mem:// synthetic:2,2,64,256 "${chain[@]}" --profile "$tmp/tiny.cgprof" --rope normal \
+    >/dev/null 2>&1
   for p in "--profile $tmp/norope.cgprof" ""; do
     # shellcheck disable=SC2086  # $p is one option and its value, or nothing
     build/cachegen fetch --store "file://$tmp/pstore" "${chain[@]}" $p --deadline-ms 60000 --json >"$tmp/fetch.json"

@@ -71,6 +71,8 @@ Result<Encoder> Encoder::Create(const CodecConfig& config) {
                                    " entries; at most 8 levels");
   for (double b : config.level_bits)
     if (!std::isfinite(b) || b <= 0) return Status::InvalidArgument("level_bits entries must be finite and > 0");
+  if (config.profile && config.codec != "cachegen")
+    return Status::InvalidArgument("a model profile is for the cachegen codec only, not " + config.codec);
   const uint32_t levels = RequestedLevels(config);
   if (levels < 1 || levels > kMaxLevels)
     return Status::InvalidArgument("levels must be in 1..8, got " + std::to_string(levels));

@@ -65,12 +65,13 @@ Result<PutStats> PutContainer(ChunkStore& store, const ChunkKey& root, std::span
     return Status::InvalidArgument("put: container chunking does not match " + std::to_string(T) + "-token chunks");
   PutStats stats;
   stats.chunks = static_cast<uint32_t>(keys.size());
+  // First every chunk to store is decoded (a damaged container stores nothing), then stored.
+  std::vector<uint32_t> to_store;
   for (uint32_t i = 0; i < keys.size(); ++i) {
     if (HasAllLevels(store, keys[i], info.levels)) {
       ++stats.chunks_skipped;
       continue;
     }
-    std::vector<std::span<const uint8_t>> frames;
     KVShape shape = info.shape;
     shape.tokens = info.chunks[i].tokens;
     KVTensor scratch(shape, DType::kF16);
@@ -79,10 +80,12 @@ Result<PutStats> PutContainer(ChunkStore& store, const ChunkKey& root, std::span
       if (Status st = DecodeFrame(frame, scratch.view()); !st.ok())
         return Status::InvalidArgument("put: chunk " + std::to_string(i) + " level " + std::to_string(l) +
                                        " does not decode: " + st.message());
-      frames.push_back(frame);
     }
+    to_store.push_back(i);
+  }
+  for (uint32_t i : to_store) {
     for (uint32_t l = 0; l < info.levels; ++l) {
-      const std::span<const uint8_t> frame = frames[l];
+      CG_ASSIGN_OR_RETURN(std::span<const uint8_t> frame, dec.Frame(i, l));
       CG_RETURN_IF_ERROR(store.Put(keys[i], l, frame));
       ++stats.frames;
       stats.bytes += frame.size();

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include <gtest/gtest.h>
 
@@ -101,6 +102,18 @@ TEST_F(RandomModelTest, AnAbortEndsTheEvaluationEarly) {
   layers_seen.clear();
   EXPECT_TRUE((*ctx)->Eval(toks, 0).ok());
   EXPECT_EQ(layers_seen, (std::vector<uint32_t>{0, 1}));
+}
+
+// A file that is not a model fails with llama.cpp's own reason in the error,
+// not on stderr before it.
+TEST(LlamaModelLoadTest, ANonModelFileSaysWhy) {
+  const std::string path = (std::filesystem::temp_directory_path() / "cachegen-not-a-model.gguf").string();
+  { std::ofstream(path) << "not a model"; }
+  auto m = LlamaModel::Load(path);
+  std::filesystem::remove(path);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(m.status().message().find("magic"), std::string::npos) << m.status().message();
 }
 
 TEST(RandomModelPresetTest, RejectsBadShapes) {

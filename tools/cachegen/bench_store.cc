@@ -287,7 +287,9 @@ const bool kRegistered = RegisterCommand(46, [](CLI::App& root) -> CommandRunner
   auto args = std::make_shared<BenchStoreArgs>();
   CLI::App* sub = root.add_subcommand("bench-store", "Put/get throughput and p50/p99 latency of chunk stores");
   sub->add_option("--store", args->uris, "Store URI (repeat to compare several in one run)")->required();
-  sub->add_option("--frame-bytes", args->frame_bytes, "Bytes per frame")->capture_default_str();
+  sub->add_option("--frame-bytes", args->frame_bytes, "Bytes per frame (at most 1 GiB)")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 30))
+      ->capture_default_str();
   sub->add_option("--ops", args->ops, "Frames put, then got, per store")->capture_default_str();
   sub->add_option("--threads", args->threads, "Concurrent clients")->capture_default_str();
   sub->add_flag("--service", args->service,

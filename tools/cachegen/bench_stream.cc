@@ -410,6 +410,7 @@ const bool kRegistered = RegisterCommand(45, [](CLI::App& root) -> CommandRunner
   sub->add_option("--traces", a->traces, "Links to run: 0.1gbit, 1gbit, 10gbit, drop (1 -> 0.1 Gbit/s)")
       ->capture_default_str();
   sub->add_option("--reps", a->reps, "Runs of every client per row (interleaved; rows report medians)")
+      ->check(CLI::Range(1, 1000))
       ->capture_default_str();
   sub->add_option("--decode-threads", a->decode_threads, "Decode threads of every client (and the local measure)")
       ->capture_default_str();

@@ -86,6 +86,31 @@ Status UseProfileFile(const std::string& path, bool quantizer_given, CodecConfig
   return Status::Ok();
 }
 
+namespace {
+CLI::Validator NumberAtLeast(bool zero_allowed) {
+  return CLI::Validator(
+      [zero_allowed](std::string& text) -> std::string {
+        double v = 0;
+        if (!CLI::detail::lexical_cast(text, v) || !std::isfinite(v)) return "'" + text + "' is not a finite number";
+        if (v > 0 || (zero_allowed && v == 0)) return "";
+        return "must be " + std::string(zero_allowed ? ">= 0" : "> 0") + ", got " + text;
+      },
+      zero_allowed ? "NUMBER>=0" : "NUMBER>0");
+}
+}  // namespace
+
+CLI::Validator Positive() { return NumberAtLeast(false); }
+CLI::Validator NonNegative() { return NumberAtLeast(true); }
+
+CLI::Validator FileExtension(const std::string& extension, const std::string& why) {
+  return CLI::Validator(
+      [extension, why](std::string& path) -> std::string {
+        if (path.size() > extension.size() && path.ends_with(extension)) return "";
+        return "'" + path + "' must end in " + extension + " (" + why + ")";
+      },
+      "PATH" + extension);
+}
+
 void NoteSectionsUnlikeProfile(uint64_t unlike, uint64_t sections) {
   if (unlike == 0) return;
   std::fprintf(stderr,

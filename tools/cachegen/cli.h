@@ -14,6 +14,7 @@
 
 namespace CLI {
 class App;
+class Validator;
 }
 
 namespace cachegen::cli {
@@ -37,6 +38,12 @@ Result<std::shared_ptr<const Profile>> LoadProfileFile(const std::string& path);
 // LoadProfileFile into config->profile. Unless --quantizer was given, the
 // config takes the quantizer the profile was trained for (where it says).
 Status UseProfileFile(const std::string& path, bool quantizer_given, CodecConfig* config);
+// Option checks of a number: finite and > 0, or finite and >= 0 (CLI11's
+// own print the whole double range in their message).
+CLI::Validator Positive();
+CLI::Validator NonNegative();
+// Option check: the path ends in `extension` ("why" finishes the message).
+CLI::Validator FileExtension(const std::string& extension, const std::string& why);
 // Tells on stderr how many of `sections` were too unlike the profile's data to
 // use its statistics (FrameStats::sections_unlike_profile), when any were.
 void NoteSectionsUnlikeProfile(uint64_t unlike, uint64_t sections);

@@ -21,9 +21,10 @@ constexpr const char* kFallbackStory =
 
 }  // namespace
 
-Result<std::string> TextOrDefault(const std::string& tool, const std::string& path) {
+Result<std::string> TextOrDefault(const std::string& tool, const std::string& path, std::string* source) {
   std::string file = path;
   if (file.empty() && std::filesystem::exists(kSharedText)) file = kSharedText;
+  if (source) *source = file.empty() ? "built-in" : file;
   if (file.empty()) {
     std::fprintf(stderr, "cachegen %s: no --text and no %s: using a built-in text\n", tool.c_str(), kSharedText);
     std::string t;

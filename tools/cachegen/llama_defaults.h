@@ -20,6 +20,7 @@ Result<std::string> DefaultModelPath(const std::string& tool, std::string* note 
 
 // The text of `path`; with none, kSharedText's when it exists, else a
 // built-in story repeated to about 40 KB (said on stderr as for the model).
-Result<std::string> TextOrDefault(const std::string& tool, const std::string& path);
+// `source`, when given, receives the file read or "built-in".
+Result<std::string> TextOrDefault(const std::string& tool, const std::string& path, std::string* source = nullptr);
 
 }  // namespace cachegen::cli

@@ -50,7 +50,7 @@ Status Plot(const engine::EvalReport& rep, const std::string& png) {
   for (const auto& r : rep.rows) by_codec[r.codec].push_back(&r);
   std::string script = fmt::format(
       "set terminal pngcairo size 1000,650\nset output '{}'\nset title \"{} ({} windows, context {} + {})\"\n"
-      "set xlabel 'bits per value (all side information)'\nset ylabel 'ΔPPL %% vs exact KV'\n"
+      "set xlabel 'bits per value (all side information)'\nset ylabel 'ΔPPL %% vs exact KV (log scale: 0.001 or less, negative too, drawn at 0.001)'\n"
       "set logscale y\nset grid\nset key outside right\nplot ",
       png, std::filesystem::path(rep.model).filename().string(), rep.windows, rep.context, rep.continuation);
   bool first = true;
@@ -85,7 +85,8 @@ int RunEval(EvalArgs a) {
     if (!path.ok()) return Fail(path.status());
     a.model = *path;
   }
-  Result<std::string> text = TextOrDefault("eval", a.text);
+  std::string text_source;
+  Result<std::string> text = TextOrDefault("eval", a.text, &text_source);
   if (!text.ok()) return Fail(text.status());
   o.text = std::move(*text);
   o.model_path = a.model;
@@ -120,7 +121,7 @@ int RunEval(EvalArgs a) {
     nlohmann::json j;
     j["model"] = rep->model;
     if (!note.empty()) j["note"] = note;
-    j["text"] = a.text.empty() ? "built-in" : a.text;
+    j["text"] = text_source;
     j["windows"] = rep->windows;
     j["context"] = rep->context;
     j["continuation"] = rep->continuation;
@@ -189,7 +190,9 @@ const bool kRegistered = RegisterCommand(50, [](CLI::App& root) -> CommandRunner
       ->capture_default_str();
   sub->add_option("--context", a->context, "Context tokens prefilled and compressed")->capture_default_str();
   sub->add_option("--continuation", a->continuation, "Tokens scored after the context")->capture_default_str();
-  sub->add_option("--windows", a->windows, "Maximum number of text windows")->capture_default_str();
+  sub->add_option("--windows", a->windows, "Maximum number of text windows")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
   sub->add_option("--greedy", a->greedy, "Greedy tokens compared with the exact-KV generation")
       ->capture_default_str();
   sub->add_option("--cache-type", a->cache_type, "llama.cpp cache type of the exact context: f16, bf16, f32")
@@ -199,7 +202,7 @@ const bool kRegistered = RegisterCommand(50, [](CLI::App& root) -> CommandRunner
       ->capture_default_str();
   sub->add_option("--chunk-tokens", a->tuning.chunk_tokens, "Codec chunk size in tokens")->capture_default_str();
   sub->add_option("--group-tokens", a->tuning.group_tokens, "cachegen: prediction group size G (0 = default)");
-  sub->add_flag("--rotate,!--no-rotate", a->tuning.rotate, "cachegen: per-head Hadamard rotation");
+  sub->add_flag("--rotate,!--no-rotate", a->tuning.rotate, "cachegen: per-head Hadamard rotation (default off)");
   sub->add_option("--layer-slope", a->tuning.layer_slope, "cachegen: >0 gives shallow layers finer steps");
   sub->add_option("--key-step-scale", a->tuning.key_step_scale, "cachegen: K step relative to V (bits mode)");
   AddQuantizerOption(sub, &a->tuning, &a->quantizer_given);

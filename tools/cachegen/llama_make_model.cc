@@ -50,9 +50,9 @@ const bool kRegistered = RegisterCommand(60, [](CLI::App& root) -> CommandRunner
       "make-model", "Write a random-weight GGUF model of a production shape (its outputs mean nothing)");
   sub->add_option("--shape", args->shape, "llama-3.2-1b (16 layers, 8 KV heads, head dim 64) or tiny")
       ->capture_default_str();
-  sub->add_option("-o,--output", args->out, "Output .gguf path")->required();
-  sub->add_option("--layers", args->layers, "Override the layer count");
-  sub->add_option("--ffn", args->ffn, "Override the feed-forward width");
+  sub->add_option("-o,--output", args->out, "Output .gguf path")->required()->check(FileExtension(".gguf", "a GGUF model"));
+  sub->add_option("--layers", args->layers, "Override the layer count")->check(CLI::Range(1, 1024));
+  sub->add_option("--ffn", args->ffn, "Override the feed-forward width")->check(CLI::Range(1, 1 << 20));
   sub->add_option("--seed", args->seed, "Weight seed")->capture_default_str();
   sub->add_option("--type", args->type, "Weight matrices: f16, f32, or quantized by llama.cpp: q8_0, q4_0, q4_k_m")
       ->capture_default_str()

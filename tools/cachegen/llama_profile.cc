@@ -63,7 +63,9 @@ const bool kRegistered = RegisterCommand(55, [](CLI::App& root) -> CommandRunner
   t->add_option("--model", a->train.model_path, "GGUF model")->required();
   t->add_option("--text", a->text, "Text, stories separated by <|endoftext|> lines")->required();
   t->add_option("-o,--output", a->output, "Output .cgprof")->required();
-  t->add_option("--contexts", a->train.contexts, "Contexts (text windows) to learn from")->capture_default_str();
+  t->add_option("--contexts", a->train.contexts, "Contexts (text windows) to learn from")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
   t->add_option("--context-tokens", a->train.context, "Tokens per context")->capture_default_str();
   t->add_option("--continuation", a->train.continuation,
                  "Scored tokens after each context (sensitivity; windows are cut as eval cuts them)")
@@ -72,7 +74,7 @@ const bool kRegistered = RegisterCommand(55, [](CLI::App& root) -> CommandRunner
       ->capture_default_str();
   t->add_flag("--sensitivity,!--no-sensitivity", a->train.sensitivity,
               "Measure each section's effect on the model's output (KL per squared step) and store it: rate "
-              "control then allocates steps by it")
+              "control then allocates steps by it (default on)")
       ->capture_default_str();
   t->add_option("--sensitivity-steps", a->train.sensitivity_steps,
                 "Section steps (units of channel scale) the sensitivity is measured at")
@@ -81,20 +83,20 @@ const bool kRegistered = RegisterCommand(55, [](CLI::App& root) -> CommandRunner
   t->add_flag("--channel-weights,!--no-channel-weights", a->train.channel_weights,
               "Weigh key channels by their first-order effect on the attention output (the model's queries, "
               "attention weights, values and output matrix): within each head, K channel scales move "
-              "towards 1/sqrt(weight) (in log; the whole way with key transforms, half-way without)")
+              "towards 1/sqrt(weight) (in log; the whole way with key transforms, half-way without) (default on)")
       ->capture_default_str();
   t->add_flag("--key-transform,!--no-key-transform", a->train.key_transform,
-              "Learn a per-head decorrelating transform of the keys (KLT; frames code keys in that basis)")
+              "Learn a per-head decorrelating transform of the keys (KLT; frames code keys in that basis) (default on)")
       ->capture_default_str();
   t->add_flag("--channel-classes,!--no-channel-classes", a->train.channel_classes,
               "Code K sections with one entropy table per class of alike channels instead of one per head "
-              "(profile format version 4)")
+              "(profile format version 4) (default on)")
       ->capture_default_str();
   t->add_option("--threads", a->train.threads, "llama.cpp threads (0: its default)")->capture_default_str();
-  t->add_flag("--rope,!--no-rope", a->train.rope, "Learn keys with the model's RoPE undone (as the codec codes them)")
+  t->add_flag("--rope,!--no-rope", a->train.rope, "Learn keys with the model's RoPE undone (as the codec codes them) (default on)")
       ->capture_default_str();
   t->add_option("--group-tokens", a->train.tuning.group_tokens, "Prediction group size G of the delta tables (0 = default)");
-  t->add_flag("--rotate,!--no-rotate", a->train.tuning.rotate, "Learn in the Hadamard-rotated domain");
+  t->add_flag("--rotate,!--no-rotate", a->train.tuning.rotate, "Learn in the Hadamard-rotated domain (default off)");
   // Profiles default to the learned quantizer: at equal ΔPPL it takes ~10 %
   // fewer bits on stories260K (docs/EVAL.md), for ~2-3x encode time.
   a->train.tuning.quantizer = CodecConfig::Quantizer::kLloyd;

@@ -120,6 +120,7 @@ const bool kRegistered = RegisterCommand(50, [](CLI::App& root) -> CommandRunner
                   "llama.cpp threads for prompt batches (0: as --threads)")
       ->capture_default_str();
   sub->add_option("--ttft-target", a->engine.ttft_target_ms, "Time-to-first-token target (ms): the cached prefix streams at the levels that fit it, less the measured one-token evaluation; 0 = none (best quality)")
+      ->check(NonNegative())
       ->capture_default_str();
   sub->add_option("--chunk-tokens", a->engine.codec.chunk_tokens, "Tokens per stored chunk")->capture_default_str();
   sub->add_option("--levels", a->engine.codec.levels, "Quality levels stored per chunk")->capture_default_str();

@@ -8,7 +8,10 @@
 //
 // Errors: one line "cachegen: error: ..." on stderr; exit 1 for failures,
 // 2 for usage errors.
+#include <algorithm>
 #include <cstdio>
+#include <exception>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -43,6 +46,9 @@ struct EncodeArgs {
 };
 
 int RunEncode(const EncodeArgs& a) {
+  if (a.codec != "cachegen" && a.levels > 1)
+    return Fail(Status::InvalidArgument("--levels " + std::to_string(a.levels) + ": codec " + a.codec +
+                                        " codes one rate (only cachegen makes quality levels)"));
   Result<KVTensor> in = LoadInput(a.input);
   if (!in.ok()) return Fail(in.status());
   CodecConfig cfg = a.tuning;
@@ -115,8 +121,10 @@ int RunDecode(const DecodeArgs& a) {
   if (!t.ok()) return Fail(t.status());
   Status st = WriteKV(a.output, *t);
   if (!st.ok()) return Fail(st);
-  std::printf("%s: %s %s, level %u\n", a.output.c_str(), t->shape().ToString().c_str(), DTypeName(t->dtype()),
-              a.level);
+  // .npy has no bfloat16: such a tensor is written as f32 (docs/INPUT-FORMATS.md).
+  const bool npy_widened = *fmt == KVFileFormat::kNpy && t->dtype() == DType::kBF16;
+  std::printf("%s: %s %s, level %u\n", a.output.c_str(), t->shape().ToString().c_str(),
+              npy_widened ? "f32 (bf16 widened: .npy has no bf16)" : DTypeName(t->dtype()), a.level);
   return 0;
 }
 
@@ -201,11 +209,16 @@ int Main(int argc, char** argv) {
   EncodeArgs ea;
   CLI::App* enc = app.add_subcommand("encode", "Encode a KV cache into a .cgkv container");
   enc->add_option("input", ea.input, "KV file (.npy, .safetensors, .kvraw) or synthetic:L,H,D,T[,seed]")->required();
-  enc->add_option("-o,--output", ea.output, "Output container (.cgkv)")->required();
+  enc->add_option("-o,--output", ea.output, "Output container (.cgkv)")
+      ->required()
+      ->check(FileExtension(".cgkv", "put and fetch tell a container from a KV file by it"));
   enc->add_option("--codec", ea.codec, "Codec: " + JoinNames())->capture_default_str();
-  auto* ob = enc->add_option("--bits", ea.bits, "Target average bits per value (cachegen codec)");
-  auto* os = enc->add_option("--snr-db", ea.snr_db, "Target per-layer SNR in dB (cachegen codec)");
-  auto* oe = enc->add_option("--max-error", ea.max_error, "Max |error| / channel std (cachegen codec)");
+  auto* ob = enc->add_option("--bits", ea.bits, "Target average bits per value (cachegen codec)")
+                 ->check(Positive());
+  auto* os = enc->add_option("--snr-db", ea.snr_db, "Target per-layer SNR in dB (cachegen codec)")
+                 ->check(Positive());
+  auto* oe = enc->add_option("--max-error", ea.max_error, "Max |error| / channel std (cachegen codec)")
+                 ->check(Positive());
   ob->excludes(os)->excludes(oe);
   os->excludes(ob)->excludes(oe);
   oe->excludes(ob)->excludes(os);
@@ -255,8 +268,10 @@ int Main(int argc, char** argv) {
   bi->excludes(bs);
   bs->excludes(bi);
   bench->add_option("--codecs", bench_codecs, "Comma-separated codecs (default: all)");
-  bench->add_option("--bits", bo.bits, "Bits per value target for the cachegen codec");
-  bench->add_option("--reps", bo.reps, "Repetitions; the median is reported")->capture_default_str();
+  bench->add_option("--bits", bo.bits, "Bits per value target for the cachegen codec")->check(Positive());
+  bench->add_option("--reps", bo.reps, "Repetitions; the median is reported")
+      ->check(CLI::Range(1, 10000))
+      ->capture_default_str();
   bench->add_option("--chunk-tokens", bo.chunk_tokens, "Tokens per chunk")->capture_default_str();
   bench->add_option("--threads", bo.threads, "Threads for the multi-threaded numbers (0 = all)")->capture_default_str();
   bench->add_flag("--thread-scaling", bo.thread_scaling,
@@ -283,19 +298,23 @@ int Main(int argc, char** argv) {
   ModelDemoArgs demo_model;
   CLI::Option* demo_synth_opt =
       demo->add_option("--synthetic", demo_synth, "Synthetic KV L,H,D,T[,seed]: the codec table instead");
-  demo->add_option("--model", demo_model.model,
-                   "GGUF model (default: ../shared/models/stories260K.gguf, else a random-weight tiny model)");
-  demo->add_option("--text", demo_model.text, "Text (default: ../shared/data/tinystories/dev.txt, else built in)");
-  demo->add_option("--windows", demo_model.windows, "Text windows of 384 + 128 tokens")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1000));
-  CLI::Option* demo_profile =
+  // The model demo's options; --synthetic runs no model, so it takes none of them.
+  const std::vector<CLI::Option*> demo_model_opts = {
+      demo->add_option("--model", demo_model.model,
+                       "GGUF model (default: ../shared/models/stories260K.gguf, else a random-weight tiny model)"),
+      demo->add_option("--text", demo_model.text, "Text (default: ../shared/data/tinystories/dev.txt, else built in)"),
+      demo->add_option("--windows", demo_model.windows, "Text windows of 384 + 128 tokens")
+          ->capture_default_str()
+          ->check(CLI::Range(1, 1000)),
       demo->add_option("--profile", demo_model.profile,
-                       "Run the codec again with this model profile (.cgprof) instead of one learned first");
-  demo->add_flag("!--no-profile", demo_model.learn_profile,
-                 "No second run with a model profile (by default one is learned first from the 8 text windows after "
-                 "the scored ones, without sensitivities: a few seconds on stories260K)")
-      ->excludes(demo_profile);
+                       "Run the codec again with this model profile (.cgprof) instead of one learned first")};
+  CLI::Option* demo_no_profile =
+      demo->add_flag("!--no-profile", demo_model.learn_profile,
+                     "No second run with a model profile (by default one is learned first from the 8 text windows "
+                     "after the scored ones, without sensitivities: a few seconds on stories260K)")
+          ->excludes(demo_model_opts.back());
+  for (CLI::Option* o : demo_model_opts) demo_synth_opt->excludes(o);
+  demo_synth_opt->excludes(demo_no_profile);
 
   const std::vector<CommandRunner> registered = AddRegisteredCommands(app);
 
@@ -326,6 +345,8 @@ int Main(int argc, char** argv) {
     if (!out_dtype.ok()) return Fail(out_dtype.status());
     bo.out_dtype = *out_dtype;
     if (!bench_profile.empty()) {
+      if (!bo.codecs.empty() && std::find(bo.codecs.begin(), bo.codecs.end(), "cachegen") == bo.codecs.end())
+        return Fail(Status::InvalidArgument("--profile runs the cachegen codec with it: add cachegen to --codecs"));
       Result<std::shared_ptr<const Profile>> p = LoadProfileFile(bench_profile);
       if (!p.ok()) return Fail(p.status());
       bo.profile = *p;
@@ -343,8 +364,9 @@ int Main(int argc, char** argv) {
     const std::string name = "synthetic:" + demo_synth;
     Result<KVTensor> in = LoadInput(name);
     if (!in.ok()) return Fail(in.status());
-    std::printf("cachegen demo: every codec on a synthetic KV cache shaped like an 8B GQA model\n"
-                "(keys with outlier channels, RoPE and token correlation; values per-token scaled)\n\n");
+    std::printf("cachegen demo: every codec on a synthetic KV cache, %s%s\n"
+                "(keys with outlier channels, RoPE and token correlation; values per-token scaled)\n\n",
+                in->shape().ToString().c_str(), demo_synth_opt->count() == 0 ? " (shaped like an 8B GQA model)" : "");
     BenchOptions d;
     d.reps = 1;
     Status st = RunBench(*in, name, d);
@@ -358,4 +380,15 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace cachegen::cli
 
-int main(int argc, char** argv) { return cachegen::cli::Main(argc, argv); }
+int main(int argc, char** argv) {
+  // The library reports errors as Status; what is left to throw is the
+  // standard library, above all an allocation too large for this machine.
+  try {
+    return cachegen::cli::Main(argc, argv);
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "cachegen: error: out of memory (an input or option asks for more than this machine has)\n");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cachegen: error: %s\n", e.what());
+  }
+  return 1;
+}

@@ -2,6 +2,7 @@
 //   stat    entries, bytes, levels of a file:// store (or reachability of any store)
 //   verify  reads and verifies every record of a file:// store
 //   put/get one frame by key and level
+#include <algorithm>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
@@ -14,6 +15,7 @@
 #include "cachegen/cli.h"
 #include "cachegen/command.h"
 #include "cachegen/store.h"
+#include "cachegen/stream.h"
 #include "store/file_store.h"
 
 namespace cachegen::cli {
@@ -70,10 +72,11 @@ int RunStat(const StoreArgs& a) {
   for (const auto& [level, v] : levels)
     std::printf("  level %u: %llu entries, %.3f MB\n", level, static_cast<unsigned long long>(v.first),
                 static_cast<double>(v.second) / 1e6);
+  // Seconds since a use; time() has whole seconds, so a use in the current second is 0, not -0.
+  const auto ago_s = [](double ns) { return std::max(0.0, (static_cast<double>(std::time(nullptr)) * 1e9 - ns) / 1e9); };
   if (!scan->entries.empty())
-    std::printf("  least recent use %.0f s ago, most recent %.0f s ago\n",
-                (static_cast<double>(std::time(nullptr)) * 1e9 - static_cast<double>(oldest)) / 1e9,
-                (static_cast<double>(std::time(nullptr)) * 1e9 - static_cast<double>(newest)) / 1e9);
+    std::printf("  least recent use %.0f s ago, most recent %.0f s ago\n", ago_s(static_cast<double>(oldest)),
+                ago_s(static_cast<double>(newest)));
   return 0;
 }
 
@@ -167,12 +170,12 @@ const bool kRegistered = RegisterCommand(45, [](CLI::App& root) -> CommandRunner
   CLI::App* put = store->add_subcommand("put", "Store the bytes of IN as the frame of KEY at LEVEL");
   add_uri(put);
   put->add_option("key", args->key, "Chunk key: 32 hex digits")->required();
-  put->add_option("level", args->level, "Level")->required();
+  put->add_option("level", args->level, "Level (0-7)")->required()->check(CLI::Range(0u, kMaxChunkLevels - 1));
   put->add_option("input", args->file, "File with the frame bytes")->required();
   CLI::App* get = store->add_subcommand("get", "Write the verified frame of KEY at LEVEL to -o OUT");
   add_uri(get);
   get->add_option("key", args->key, "Chunk key: 32 hex digits")->required();
-  get->add_option("level", args->level, "Level")->required();
+  get->add_option("level", args->level, "Level (0-7)")->required()->check(CLI::Range(0u, kMaxChunkLevels - 1));
   get->add_option("-o,--output", args->file, "Output file")->required();
   return [=]() -> std::optional<int> {
     if (!*store) return std::nullopt;

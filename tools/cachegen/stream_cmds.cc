@@ -85,6 +85,7 @@ struct PutArgs {
   double bits = 0;
   uint32_t levels = 4, threads = 0;
   bool json = false;
+  RopeArgs rope;  // KV input: keys' RoPE, undone before coding (as encode's)
 };
 
 int RunPut(const PutArgs& a) {
@@ -115,6 +116,9 @@ int RunPut(const PutArgs& a) {
     cfg.levels = a.levels;
     cfg.chunk_tokens = chunk_tokens;
     cfg.threads = a.threads;
+    Result<RopeConfig> rope = ResolveRope(a.rope);
+    if (!rope.ok()) return Fail(rope.status());
+    cfg.rope = *rope;
     if (chunk_tokens == 0) return Fail(Status::InvalidArgument("--chunk-tokens must be > 0"));
     Result<ChunkKey> root = LoadChain(a.chain, chunk_tokens, &cfg);
     if (!root.ok()) return Fail(root.status());
@@ -240,6 +244,7 @@ const bool kPut = RegisterCommand(21, [](CLI::App& root) -> CommandRunner {
   sub->add_option("--bits", a->bits, "Finest level's bits per value (cachegen codec; 0 = default)");
   sub->add_option("--levels", a->levels, "Quality levels per chunk (KV input only)")->capture_default_str();
   sub->add_option("--threads", a->threads, "Encoder threads (0 = all cores)")->capture_default_str();
+  AddRopeOptions(sub, &a->rope, /*model_flag=*/false);
   sub->add_flag("--json", a->json, "Print a JSON summary");
   return [sub, a] { return *sub ? std::optional<int>(RunPut(*a)) : std::nullopt; };
 });
@@ -256,7 +261,10 @@ const bool kFetch = RegisterCommand(22, [](CLI::App& root) -> CommandRunner {
   sub->add_option("--recompute-tps", a->recompute_tps,
                   "Engine recompute speed in tokens/s (0: never plan recompute)")->capture_default_str();
   sub->add_option("--inflight", a->inflight, "Requests in flight")->capture_default_str();
-  sub->add_option("--level", a->level, "Fetch every chunk at this level (no adaptation)");
+  sub->add_option("--level", a->level,
+                  "Fetch every chunk at this level (no adaptation); a chunk not stored at it comes at the nearest "
+                  "coarser stored level, else the nearest finer (--json's levels say which)")
+      ->check(CLI::Range(0, 7));
   sub->add_option("--threads", a->threads, "Decode threads")->capture_default_str();
   sub->add_option("--dtype", a->dtype, "Output dtype: f32, f16, bf16")->capture_default_str();
   sub->add_option("-o,--output", a->output, "Write the delivered prefix as a KV file (.npy, .safetensors, .kvraw)");

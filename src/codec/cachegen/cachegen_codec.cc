@@ -31,6 +31,19 @@ constexpr uint8_t kFlagProfile = 4;
 // 10.4, 9.8, 10.6 dB. The per-section delta/no-delta choice keeps it safe on
 // data without token correlation. To be re-measured on real models.
 constexpr uint32_t kDefaultGroupTokens = kCacheGenDefaultGroupTokens;
+// How keys are coded, for messages: "RoPE normal (dims 64, theta 10000,
+// scale 1)", "no RoPE", with "+ rotation" when rotated.
+std::string KeyCodingName(bool rotate, const RopeConfig& rope) {
+  std::string s = "no RoPE";
+  if (rope.kind != RopeConfig::Kind::kNone) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "RoPE %s (dims %u, theta %g, scale %g)",
+                  rope.kind == RopeConfig::Kind::kNeox ? "neox" : "normal", rope.dims, rope.freq_base, rope.freq_scale);
+    s = buf;
+  }
+  return rotate ? s + " + rotation" : s;
+}
+
 // A section whose data lies further than this from the profile's statistics
 // (octaves, SectionLayout::profile_misfit_octaves) is coded with its own.
 // Measured (largest over every section and chunk): stories260K with its
@@ -188,7 +201,9 @@ class CacheGenCodec final : public Codec {
           (p.rope.kind != RopeConfig::Kind::kNone &&
            (d.rope.dims != p.rope.dims || d.rope.freq_base != p.rope.freq_base ||
             d.rope.freq_scale != p.rope.freq_scale)))
-        return Status::InvalidArgument("profile was trained with other rope/rotate settings than this encoder's");
+        return Status::InvalidArgument("profile was trained with " + KeyCodingName(d.rotate, d.rope) +
+                                       ", this encoder has " + KeyCodingName(p.rotate, p.rope) +
+                                       " (give the profile's: --rope/--rope-*, --rotate)");
       // Tables learned for the other quantizer would fit its symbols poorly.
       using TablesFor = internal::ProfileData::TablesFor;
       const bool lloyd = cfg.quantizer == CodecConfig::Quantizer::kLloyd;

@@ -25,8 +25,17 @@ namespace {
 
 constexpr const char* kEvalAborted = "evaluation aborted: the engine is stopping";
 
+// While set, this thread's llama.cpp errors are collected here instead of
+// printed: a failed model load reports its first one in our error line.
+thread_local std::string* captured_errors = nullptr;
+
 void QuietLog(ggml_log_level level, const char* text, void*) {
-  if (level == GGML_LOG_LEVEL_ERROR) std::fputs(text, stderr);
+  if (level != GGML_LOG_LEVEL_ERROR) return;
+  if (captured_errors) {
+    *captured_errors += text;
+    return;
+  }
+  std::fputs(text, stderr);
 }
 
 std::string Meta(const llama_model* m, const std::string& key) {
@@ -92,8 +101,14 @@ Result<std::shared_ptr<LlamaModel>> LlamaModel::Load(const std::string& path) {
   std::fclose(f);
   llama_model_params mp = llama_model_default_params();
   mp.n_gpu_layers = 0;
+  std::string errors;
+  captured_errors = &errors;
   llama_model* m = llama_model_load_from_file(path.c_str(), mp);
-  if (!m) return Status::InvalidArgument("llama.cpp could not load model '" + path + "'");
+  captured_errors = nullptr;
+  if (!m) {
+    const std::string first = errors.substr(0, errors.find('\n'));
+    return Status::InvalidArgument("llama.cpp could not load model '" + path + "'" + (first.empty() ? "" : ": " + first));
+  }
   std::shared_ptr<LlamaModel> out(new LlamaModel());
   out->model_ = m;
   if (llama_model_is_recurrent(m) || llama_model_is_hybrid(m)) {
