@@ -92,7 +92,7 @@ struct StreamResult {
   double lookup_ms = 0;             // of which the prefix lookup
   double decode_ms = 0;             // summed decode time of delivered chunks (overlaps transfers)
   bool deadline_met = false;
-  double bandwidth_bytes_s = 0;  // final estimate
+  double bandwidth_bytes_s = 0;  // final estimate; 0 when the link was never busy long enough to measure
   uint32_t reissued = 0;         // requests abandoned and re-issued at a coarser level (or for a backup)
   uint64_t abandoned_bytes = 0;  // bytes those had received (moved over the link, not delivered)
   uint32_t backups = 0;          // backup requests (hedging: a chunk's coarsest level, next to its planned one)
