@@ -106,6 +106,9 @@ class Codec {
 // The codec registry: by name (CodecConfig::codec) and by stored id.
 Result<const Codec*> CodecByName(std::string_view name);
 Result<const Codec*> CodecById(uint8_t id);
+// The codec of a frame with these params: CodecById, and the baselines
+// (every codec but cachegen) carry no params (FORMAT.md) → corrupt.
+Result<const Codec*> FrameCodec(uint8_t id, std::span<const uint8_t> params);
 
 // Factories, one per codec's .cc file; the registry (registry.cc) lists them
 // explicitly so that static linking cannot drop a codec.

@@ -33,7 +33,7 @@ Status DecodeParsed(const ParsedFrame& p, std::span<const uint8_t> frame, const 
   if (!(out.shape() == p.header.shape))
     return Status::InvalidArgument("output shape " + out.shape().ToString() + " does not match frame shape " +
                                    p.header.shape.ToString());
-  CG_ASSIGN_OR_RETURN(const Codec* codec, CodecById(static_cast<uint8_t>(p.header.codec)));
+  CG_ASSIGN_OR_RETURN(const Codec* codec, FrameCodec(static_cast<uint8_t>(p.header.codec), p.header.params));
   const uint64_t sections = p.sections.size();
   if (threads <= 1) {
     std::vector<float> scratch;
@@ -62,7 +62,7 @@ Status Codec::DecodeSectionToView(const SectionContext& ctx, std::span<const uin
 
 Result<FrameInfo> InspectFrame(std::span<const uint8_t> frame) {
   CG_ASSIGN_OR_RETURN(ParsedFrame p, ParseFrame(frame));
-  CG_ASSIGN_OR_RETURN(const Codec* codec, CodecById(static_cast<uint8_t>(p.header.codec)));
+  CG_ASSIGN_OR_RETURN(const Codec* codec, FrameCodec(static_cast<uint8_t>(p.header.codec), p.header.params));
   FrameInfo info;
   info.codec = std::string(codec->name());
   info.format_version = kFormatVersion;
@@ -93,7 +93,7 @@ Status DecodeFrameLayer(std::span<const uint8_t> frame, uint32_t layer, const KV
   if (layer >= p.header.shape.layers)
     return Status::InvalidArgument("layer " + std::to_string(layer) + " out of range (frame has " +
                                    std::to_string(p.header.shape.layers) + ")");
-  CG_ASSIGN_OR_RETURN(const Codec* codec, CodecById(static_cast<uint8_t>(p.header.codec)));
+  CG_ASSIGN_OR_RETURN(const Codec* codec, FrameCodec(static_cast<uint8_t>(p.header.codec), p.header.params));
   std::vector<float> scratch;
   CG_RETURN_IF_ERROR(DecodeSectionInto(*codec, p, frame, layer, KV::kKey, out, scratch));
   return DecodeSectionInto(*codec, p, frame, layer, KV::kValue, out, scratch);

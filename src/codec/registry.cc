@@ -48,4 +48,12 @@ Result<const Codec*> CodecById(uint8_t id) {
   return Status::Unsupported("unknown codec id " + std::to_string(id));
 }
 
+Result<const Codec*> FrameCodec(uint8_t id, std::span<const uint8_t> params) {
+  CG_ASSIGN_OR_RETURN(const Codec* codec, CodecById(id));
+  if (codec->id() != CodecId::kCacheGen && !params.empty())
+    return Status::Corrupt(std::string(codec->name()) + " frame: codec params must be empty, got " +
+                           std::to_string(params.size()) + " bytes");
+  return codec;
+}
+
 }  // namespace cachegen

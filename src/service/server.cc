@@ -57,10 +57,10 @@ class Metrics {
     line("# HELP cachegen_response_bytes_total Response body bytes sent.");
     line("# TYPE cachegen_response_bytes_total counter");
     line("cachegen_response_bytes_total " + std::to_string(bytes_out_));
-    line("# HELP cachegen_chunk_hits_total Chunk GET/HEAD requests answered from the store.");
+    line("# HELP cachegen_chunk_hits_total Chunk GET requests answered from the store.");
     line("# TYPE cachegen_chunk_hits_total counter");
     line("cachegen_chunk_hits_total " + std::to_string(hits_.load()));
-    line("# HELP cachegen_chunk_misses_total Chunk GET/HEAD requests for absent or corrupt chunks.");
+    line("# HELP cachegen_chunk_misses_total Chunk GET requests for absent or corrupt chunks.");
     line("# TYPE cachegen_chunk_misses_total counter");
     line("cachegen_chunk_misses_total " + std::to_string(misses_.load()));
     line("# HELP cachegen_lookup_store_errors_total Lookups the store could not answer for a chunk "

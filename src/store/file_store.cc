@@ -210,6 +210,14 @@ Result<std::vector<uint8_t>> FileStore::Get(const ChunkKey& key, uint32_t level)
   }
   auto payload = OpenRecord(record, key, level);
   if (!payload.ok()) {
+    // Removed, so that Size (HEAD, lookups) stops listing a level no read can
+    // return. Only the file read (same inode): a Put may rename a sound record
+    // over the name at any time; one landing between the check and the unlink
+    // is lost from the cache, and a later put stores it again.
+    struct stat read_st, now_st;
+    if (::fstat(fd, &read_st) == 0 && ::fstatat(*dfd, name.c_str(), &now_st, 0) == 0 &&
+        read_st.st_ino == now_st.st_ino && read_st.st_dev == now_st.st_dev)
+      ::unlinkat(*dfd, name.c_str(), 0);
     ::close(fd);
     StatsCounters::Add(stats_.corrupt);
     return miss(Status::NotFound("chunk " + Address(key, level) + ": " + payload.status().message()));

@@ -229,10 +229,18 @@ TEST(CacheGenCodec, HostilePayloadsFailCleanly) {
     bad[i] ^= 0x5a;
     (void)codec->DecodeSection(ctx, bad, out);  // must not crash or hang; checksums catch it in frames
   }
+  // Params: a later version is unsupported whatever follows it (even too short
+  // for version 1's fields); version 0 never existed.
   std::vector<uint8_t> bad_params = lv.params;
   bad_params[0] = 99;
   ctx.params = bad_params;
-  EXPECT_FALSE(codec->DecodeSection(ctx, good, out).ok());
+  EXPECT_EQ(codec->DecodeSection(ctx, good, out).code(), StatusCode::kUnsupported);
+  const std::vector<uint8_t> short_later = {3, 0};
+  ctx.params = short_later;
+  EXPECT_EQ(codec->DecodeSection(ctx, good, out).code(), StatusCode::kUnsupported);
+  bad_params[0] = 0;
+  ctx.params = bad_params;
+  EXPECT_EQ(codec->DecodeSection(ctx, good, out).code(), StatusCode::kCorrupt);
 }
 
 // One section of shape `s` with the learned quantizer, no recent window.

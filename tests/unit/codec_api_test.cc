@@ -8,6 +8,7 @@
 #include <random>
 
 #include "cachegen/codec.h"
+#include "format/frame.h"
 
 namespace cachegen {
 namespace {
@@ -78,6 +79,39 @@ TEST(Encoder, RejectsNonFinite) {
   auto enc = Encoder::Create(Fp16());
   auto r = enc->Encode(t.view());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+}
+
+// fp16 and fp16-zstd would store a value beyond the f16 range as infinity.
+TEST(Encoder, Fp16CodecsRejectValuesBeyondF16) {
+  KVTensor t = RandomTensor({1, 1, 4, 8}, 3);
+  reinterpret_cast<float*>(t.data())[13] = 1e6f;
+  for (const char* codec : {"fp16", "fp16-zstd"}) {
+    CodecConfig c = Fp16();
+    c.codec = codec;
+    EXPECT_EQ(Encoder::Create(c)->Encode(t.view()).status().code(), StatusCode::kInvalidArgument) << codec;
+  }
+}
+
+// A baseline frame carries no codec params: one that does is corrupt.
+TEST(Decoder, BaselineFrameWithParamsIsCorrupt) {
+  const KVTensor t = RandomTensor({1, 1, 4, 8}, 3);
+  auto frames = Encoder::Create(Fp16())->EncodeChunk(t.view(), 0, 0);
+  ASSERT_TRUE(frames.ok()) << frames.status().ToString();
+  KVTensor out(t.shape(), DType::kF32);
+  ASSERT_TRUE(DecodeFrame(frames->at(0), out.view()).ok());
+  auto parsed = ParseFrame(frames->at(0));
+  ASSERT_TRUE(parsed.ok());
+  FrameHeader h = parsed->header;
+  h.params = {1};
+  std::vector<EncodedSection> sections;
+  for (KV kv : {KV::kKey, KV::kValue}) {
+    auto payload = SectionPayload(*parsed, frames->at(0), 0, kv);
+    ASSERT_TRUE(payload.ok());
+    sections.push_back({std::vector<uint8_t>(payload->begin(), payload->end())});
+  }
+  const std::vector<uint8_t> with_params = WriteFrame(h, sections);
+  EXPECT_EQ(DecodeFrame(with_params, out.view()).code(), StatusCode::kCorrupt);
+  EXPECT_EQ(InspectFrame(with_params).status().code(), StatusCode::kCorrupt);
 }
 
 TEST(Encoder, RoundTripChunksAndStats) {

@@ -204,16 +204,17 @@ TEST(GpuPlan, TruncatedOrFlippedContainerIsRejected) {
   }
 }
 
-// Unknown or CPU-only features are refused as unsupported, whatever follows.
+// CPU-only features are refused as unsupported, bits the format does not define as corrupt.
 TEST(GpuPlan, UnimplementedFeaturesAreUnsupported) {
   const KVShape shape{1, 2, 16, 24};
   const FrameParts parts = Split(SmallFrame(gpu_test::Cfg(3, 0, 2), shape));
   const gpu::OutputLayout layout = gpu::ContiguousLayout(shape, DType::kF16);
-  auto expect_unsupported = [&](const FrameParts& p, const char* what) {
+  auto expect_code = [&](const FrameParts& p, StatusCode code, const char* what) {
     auto plan = gpu::PlanFrame(Join(p), 0, layout);
     ASSERT_FALSE(plan.ok()) << what;
-    EXPECT_EQ(plan.status().code(), StatusCode::kUnsupported) << what << ": " << plan.status().ToString();
+    EXPECT_EQ(plan.status().code(), code) << what << ": " << plan.status().ToString();
   };
+  auto expect_unsupported = [&](const FrameParts& p, const char* what) { expect_code(p, StatusCode::kUnsupported, what); };
   {
     FrameParts p = parts;  // a model profile reference
     p.header.params[0] = 2;
@@ -222,20 +223,25 @@ TEST(GpuPlan, UnimplementedFeaturesAreUnsupported) {
     expect_unsupported(p, "profile reference");
   }
   for (uint8_t bit : {8, 16, 32, 64, 128}) {
-    FrameParts p = parts;  // params flags no decoder knows yet
+    FrameParts p = parts;  // params flags the format does not define: corrupt, as on the CPU
     p.header.params[0] = 2;
     p.header.params[1] |= bit;
-    expect_unsupported(p, "params flag");
+    expect_code(p, StatusCode::kCorrupt, "params flag");
   }
   {
     FrameParts p = parts;
     p.header.params[0] = 3;
     expect_unsupported(p, "params version 3");
   }
-  for (uint8_t bit : {2, 4, 8, 128}) {
-    FrameParts p = parts;  // profile statistics/tables, and section flags added later
+  for (uint8_t bit : {2, 4, 8}) {
+    FrameParts p = parts;  // profile statistics/tables, codebooks: defined, not implemented here
     p.sections[1].bytes[0] |= bit;
     expect_unsupported(p, "section flag");
+  }
+  {
+    FrameParts p = parts;  // a section flag the format does not define
+    p.sections[1].bytes[0] |= 128;
+    expect_code(p, StatusCode::kCorrupt, "section flag 128");
   }
   {
     CodecConfig lloyd = gpu_test::Cfg(1, 0, 2);  // sections with reconstruction codebooks

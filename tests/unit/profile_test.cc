@@ -12,6 +12,7 @@
 #include "common/bytes.h"
 #include "common/checksum.h"
 #include "common/simd.h"
+#include "format/frame.h"
 #include "kv/synthetic.h"
 
 namespace cachegen {
@@ -740,6 +741,32 @@ TEST(Profile, SectionsUnlikeTheProfileUseTheirOwnStatistics) {
     for (KV k : {KV::kKey, KV::kValue})
       EXPECT_GT(SectionSnrDb(unlike, with, l, k), SectionSnrDb(unlike, without, l, k) - 3)
           << "layer " << l << (k == KV::kKey ? " K" : " V");
+}
+
+// Rows are coded either Hadamard-rotated or in a profile's transform basis:
+// a frame claiming both is corrupt (the encoder never writes one).
+TEST(Profile, RotationWithHeadTransformsIsCorrupt) {
+  auto p = Trained(CodecConfig{}, NoClasses());
+  ASSERT_TRUE(p);
+  RegisterProfile(p);
+  CodecConfig cfg;
+  cfg.profile = p;
+  auto frames = Encoder::Create(cfg)->EncodeChunk(Contexts(3, 1)[0].view(), 0, 0);
+  ASSERT_TRUE(frames.ok()) << frames.status().ToString();
+  auto parsed = ParseFrame(frames->at(0));
+  ASSERT_TRUE(parsed.ok());
+  std::vector<EncodedSection> sections;
+  for (uint32_t l = 0; l < kShape.layers; ++l)
+    for (KV kv : {KV::kKey, KV::kValue}) {
+      auto payload = SectionPayload(*parsed, frames->at(0), l, kv);
+      ASSERT_TRUE(payload.ok());
+      sections.push_back({std::vector<uint8_t>(payload->begin(), payload->end())});
+    }
+  KVTensor out(kShape, DType::kF32);
+  ASSERT_TRUE(DecodeFrame(WriteFrame(parsed->header, sections), out.view()).ok());
+  FrameHeader h = parsed->header;
+  h.params[1] |= 1;  // the rotation flag
+  EXPECT_EQ(DecodeFrame(WriteFrame(h, sections), out.view()).code(), StatusCode::kCorrupt);
 }
 
 TEST(Profile, EncoderRejectsMismatchedSettings) {

@@ -199,6 +199,9 @@ TEST(FileStore, CorruptTruncatedOrMisplacedFileIsACountedMiss) {
   EXPECT_EQ(got.status().code(), StatusCode::kNotFound);
   EXPECT_NE(got.status().message().find("checksum"), std::string::npos) << got.status().message();
   EXPECT_EQ(s->stats().corrupt, 1u);
+  // The read removed it: a HEAD or lookup (Size) no longer lists it.
+  EXPECT_EQ(s->Size(a, 0).status().code(), StatusCode::kNotFound);
+  EXPECT_FALSE(std::filesystem::exists(ChunkPath(root, a, 0)));
 
   bytes = ReadFile(ChunkPath(root, b, 0));
   bytes.resize(bytes.size() - 100);  // torn tail

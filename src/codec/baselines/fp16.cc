@@ -3,6 +3,7 @@
 #include <bit>
 #include <cstring>
 
+#include "codec/baselines/baseline_util.h"
 #include "codec/codec.h"
 #include "common/half.h"
 
@@ -19,6 +20,7 @@ class Fp16Codec final : public Codec {
     for (uint32_t l = 0; l < chunk.shape.layers; ++l)
       for (KV kv : {KV::kKey, KV::kValue}) {
         auto in = chunk.Section(l, kv);
+        CG_RETURN_IF_ERROR(baseline::CheckFiniteSection(in, "fp16"));
         EncodedSection s;
         s.bytes.resize(in.size() * 2);
         for (size_t i = 0; i < in.size(); ++i) {

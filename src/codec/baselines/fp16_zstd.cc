@@ -22,6 +22,7 @@ class Fp16ZstdCodec final : public Codec {
     std::vector<uint8_t> raw;
     return baseline::EncodeEachSection(
         chunk, [&](uint32_t, KV, std::span<const float> in, EncodedSection& s) -> Status {
+          CG_RETURN_IF_ERROR(baseline::CheckFiniteSection(in, "fp16-zstd"));
           raw.clear();
           raw.reserve(in.size() * 2);
           for (float x : in) baseline::PutF16(raw, F32ToF16(x));

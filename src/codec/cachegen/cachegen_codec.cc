@@ -98,15 +98,17 @@ Result<Params> ReadParams(std::span<const uint8_t> bytes, const KVShape& shape) 
   const uint32_t head_dim = shape.head_dim;
   ByteReader r(bytes);
   Params p;
+  // The version first: a later version may have other fields (Unsupported), version 0 never existed.
   const uint8_t version = r.U8();
+  if (!r.ok() || version == 0) return Status::Corrupt("cachegen params: missing or zero version");
+  if (version > kParamsVersion2)
+    return Status::Unsupported("cachegen params version " + std::to_string(version) +
+                               " is newer than the supported version 2");
   const uint8_t flags = r.U8();
   p.group_tokens = r.U32();
   p.recent_tokens = r.U32();
   p.recent_step_scale = r.F32();
   if (!r.ok()) return Status::Corrupt("cachegen params: wrong length");
-  if (version != kParamsVersion1 && version != kParamsVersion2)
-    return Status::Unsupported("cachegen params version " + std::to_string(version) +
-                               " is newer than the supported version 2");
   const uint8_t known = version == kParamsVersion1 ? kFlagRotate : (kFlagRotate | kFlagRope | kFlagProfile);
   if (flags & ~known) return Status::Corrupt("cachegen params: unknown flags");
   p.rotate = flags & kFlagRotate;
@@ -133,6 +135,10 @@ Result<Params> ReadParams(std::span<const uint8_t> bytes, const KVShape& shape) 
     if (p.profile->layers() != shape.layers || p.profile->kv_heads() != shape.kv_heads ||
         p.profile->head_dim() != head_dim)
       return Status::Corrupt("cachegen params: the referenced profile's shape differs from the frame's");
+    // Rows are either Hadamard-rotated or in the profile's transform basis, never both (the encoder refuses it).
+    for (uint32_t s = 0; p.rotate && s < 2 * shape.layers; ++s)
+      if (p.profile->data().HasTransform(s))
+        return Status::Corrupt("cachegen params: rotation with a profile that has head transforms");
   }
   if (r.remaining() != 0) return Status::Corrupt("cachegen params: wrong length");
   if (p.rotate && !IsPowerOfTwo(head_dim)) return Status::Corrupt("cachegen params: rotation needs power-of-two head_dim");

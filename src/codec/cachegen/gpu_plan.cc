@@ -19,18 +19,22 @@ namespace {
 constexpr uint8_t kParamsFlagRotate = 1;
 constexpr uint8_t kParamsFlagRope = 2;
 constexpr uint8_t kKnownParamsFlags = kParamsFlagRotate | kParamsFlagRope;
+// Every params flag the format defines (the third: a profile reference).
+constexpr uint8_t kFormatParamsFlags = 7;
 constexpr uint8_t kKnownSectionFlags = kSectionDelta;
 constexpr uint8_t kMaxParamsVersion = 2;
 
 const char* KVName(uint32_t kv) { return kv ? "V" : "K"; }
 
 // Refuses what the device code does not implement, before anything else is
-// read: unknown bits are refused, not ignored.
+// read: bits the format does not define are corrupt (as on the CPU), bits it
+// defines that this decoder does not implement are unsupported.
 Status CheckParamsSupported(std::span<const uint8_t> params) {
-  if (params.size() < 2) return Status::Corrupt("cachegen params: wrong length");
+  if (params.size() < 2 || params[0] == 0) return Status::Corrupt("cachegen params: wrong length or version 0");
   if (params[0] > kMaxParamsVersion)
     return Status::Unsupported("cachegen params version " + std::to_string(params[0]) +
                                " is not supported by the CUDA decoder");
+  if (params[1] & ~kFormatParamsFlags) return Status::Corrupt("cachegen params: unknown flags");
   if (params[1] & ~kKnownParamsFlags)
     return Status::Unsupported("cachegen params flags " + std::to_string(params[1]) +
                                " are not supported by the CUDA decoder (model profiles and newer features are CPU only)");
@@ -115,6 +119,8 @@ Status AddStream(Plan* plan, std::span<const uint8_t> input, ByteReader& r, uint
 Status AddSection(Plan* plan, std::span<const uint8_t> input, std::span<const uint8_t> payload, JobDesc job,
                   SectionLayout layout, std::vector<float>& scratch) {
   const std::string where = "layer " + std::to_string(job.layer) + " " + KVName(job.kv) + ": ";
+  if (!payload.empty() && (payload[0] & ~kSectionFlagsKnown))
+    return Status::Corrupt(where + "cachegen section: unknown flags " + std::to_string(payload[0]));
   if (!payload.empty() && (payload[0] & ~kKnownSectionFlags))
     return Status::Unsupported(where + "cachegen section flags " + std::to_string(payload[0]) +
                                " are not supported by the CUDA decoder");

@@ -463,7 +463,9 @@ std::string LlamaCompletionEngine::MetricsText() const {
          std::to_string(stored_chunks_) + "\n# TYPE cachegen_llama_stored_bytes_total counter\n" +
          "cachegen_llama_stored_bytes_total " + std::to_string(stored_bytes_) +
          "\n# TYPE cachegen_llama_store_errors_total counter\ncachegen_llama_store_errors_total " +
-         std::to_string(store_errors_) + "\ncachegen_llama_store_dropped_total " + std::to_string(store_dropped_) +
+         std::to_string(store_errors_) +
+         "\n# TYPE cachegen_llama_store_dropped_total counter\ncachegen_llama_store_dropped_total " +
+         std::to_string(store_dropped_) +
          "\n# TYPE cachegen_llama_fetch_errors_total counter\ncachegen_llama_fetch_errors_total " +
          std::to_string(fetch_errors_) +
          "\n# TYPE cachegen_llama_sections_unlike_profile_total counter\ncachegen_llama_sections_unlike_profile_total " +
