@@ -1,10 +1,17 @@
 /* cachegen C API: encode a contiguous KV cache into a container and back.
  *
  * Plain C (C99), for FFI users (Python ctypes, Rust, Go). Tensors are
- * contiguous [layer][K|V][token][head][dim] in the given dtype. Every function
- * returns a cg_status (0 = CG_OK); on failure a one-line message is written to
- * `err` (NUL-terminated, truncated to err_len; err may be NULL). All functions
- * are thread-safe and hold no global state.
+ * contiguous [layer][K|V][token][head][dim] in the given dtype: layers x 2 x
+ * tokens x kv_heads x head_dim elements, no alignment needed. cg_encode,
+ * cg_inspect and cg_decode return a cg_status (0 = CG_OK); on failure a
+ * one-line message is written to `err` (NUL-terminated, truncated to err_len;
+ * err may be NULL). Every function is thread-safe. No exception or abort
+ * crosses this boundary: running out of memory is CG_INTERNAL ("out of
+ * memory").
+ *
+ * Containers whose frames reference a model profile (encoded with a .cgprof
+ * by the C++ API or the CLI) need that profile, which this API cannot load:
+ * cg_decode answers CG_NOT_FOUND ("frame needs model profile ...").
  */
 #ifndef CACHEGEN_CACHEGEN_H_
 #define CACHEGEN_CACHEGEN_H_
@@ -32,12 +39,12 @@ enum cg_dtype { CG_F32 = 0, CG_F16 = 1, CG_BF16 = 2 };
 
 typedef struct cg_config {
   const char* codec;      /* NULL = "cachegen" */
-  double bits_per_value;  /* at most one of these three > 0 */
+  double bits_per_value;  /* at most one of these three > 0; all 0 = 2 bits/value */
   double snr_db;
   double max_rel_error;
-  uint32_t levels;        /* 1..8; 0 = 1 */
+  uint32_t levels;        /* 1..8; 0 = 1; codecs other than "cachegen" code one level */
   uint32_t chunk_tokens;  /* 0 = the whole context as one chunk */
-  uint32_t threads;       /* 0 = hardware concurrency */
+  uint32_t threads;       /* 0 = hardware concurrency; at most 256 are used */
   uint32_t token_start;   /* absolute position of the first token */
 } cg_config;
 
@@ -47,26 +54,34 @@ typedef struct cg_info {
   uint32_t layers, kv_heads, head_dim, tokens;
   uint32_t token_start;
   uint32_t levels;
-  uint32_t chunk_tokens;
+  uint32_t chunk_tokens; /* tokens per chunk (the last may be shorter); tokens when one chunk */
   uint32_t chunks;
   uint64_t bytes;
 } cg_info;
 
-/* The library defaults (codec "cachegen", 2 bits/value, chunks of 256). */
+/* The library's version, "MAJOR.MINOR.PATCH" (static storage). */
+const char* cg_version(void);
+
+/* The library defaults: codec "cachegen" (cfg->codec NULL), no rate target
+ * set (bits_per_value 0 = the codec's default, 2 bits/value), 1 level, chunks
+ * of 256 tokens. */
 void cg_config_default(cg_config* cfg);
 
-/* Encodes data (dtype, shape layers x heads x dim x tokens) into a new buffer
- * *out of *out_len bytes, which the caller releases with cg_free. cfg may be
- * NULL for the defaults. */
+/* Encodes `data` (dtype; layers x 2 x tokens x kv_heads x head_dim elements,
+ * which must all be readable) into a new buffer *out of *out_len bytes,
+ * allocated with malloc, which the caller releases with cg_free. cfg may be
+ * NULL for the defaults. On failure *out is NULL and *out_len 0 (when those
+ * pointers are not NULL). */
 int cg_encode(const void* data, int dtype, uint32_t layers, uint32_t kv_heads, uint32_t head_dim,
               uint32_t tokens, const cg_config* cfg, uint8_t** out, size_t* out_len, char* err,
               size_t err_len);
 
-/* Reads a container's header and index. */
+/* Reads a container's header and index; on failure *info is left as it was. */
 int cg_inspect(const uint8_t* container, size_t len, cg_info* info, char* err, size_t err_len);
 
 /* Decodes the container at quality `level` into out, a contiguous tensor of
- * the container's shape in `dtype`; out_len must be exactly its byte size. */
+ * the container's shape in `dtype`; out_len must be exactly its byte size.
+ * threads: 0 = hardware concurrency. On failure out may be partly written. */
 int cg_decode(const uint8_t* container, size_t len, uint32_t level, int dtype, void* out, size_t out_len,
               uint32_t threads, char* err, size_t err_len);
 

@@ -30,9 +30,25 @@ int Ok(char* err, size_t err_len) {
 
 bool ValidDType(int d) { return d == CG_F32 || d == CG_F16 || d == CG_BF16; }
 
+// Runs body, turning any exception into a status: none may cross into C.
+template <typename Body>
+int Guarded(char* err, size_t err_len, Body&& body) {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return Fail(Status::Internal("out of memory"), err, err_len);
+  } catch (const std::exception& e) {
+    return Fail(Status::Internal(std::string("unexpected exception: ") + e.what()), err, err_len);
+  } catch (...) {
+    return Fail(Status::Internal("unexpected exception"), err, err_len);
+  }
+}
+
 }  // namespace
 
 extern "C" {
+
+const char* cg_version(void) { return CACHEGEN_VERSION; }
 
 void cg_config_default(cg_config* cfg) {
   if (!cfg) return;
@@ -50,9 +66,9 @@ void cg_config_default(cg_config* cfg) {
 int cg_encode(const void* data, int dtype, uint32_t layers, uint32_t kv_heads, uint32_t head_dim,
               uint32_t tokens, const cg_config* cfg, uint8_t** out, size_t* out_len, char* err,
               size_t err_len) {
+  if (out) *out = nullptr;
+  if (out_len) *out_len = 0;
   if (!data || !out || !out_len) return Fail(Status::InvalidArgument("null argument"), err, err_len);
-  *out = nullptr;
-  *out_len = 0;
   if (!ValidDType(dtype)) return Fail(Status::InvalidArgument("unknown dtype"), err, err_len);
   cg_config c;
   cg_config_default(&c);
@@ -65,7 +81,7 @@ int cg_encode(const void* data, int dtype, uint32_t layers, uint32_t kv_heads, u
   config.levels = c.levels == 0 ? 1 : c.levels;
   config.chunk_tokens = c.chunk_tokens;
   config.threads = c.threads;
-  try {
+  return Guarded(err, err_len, [&] {
     auto enc = cachegen::Encoder::Create(config);
     if (!enc.ok()) return Fail(enc.status(), err, err_len);
     const cachegen::KVShape shape{layers, kv_heads, head_dim, tokens};
@@ -80,14 +96,12 @@ int cg_encode(const void* data, int dtype, uint32_t layers, uint32_t kv_heads, u
     *out = buf;
     *out_len = bytes->size();
     return Ok(err, err_len);
-  } catch (const std::bad_alloc&) {  // no exception may cross into C
-    return Fail(Status::Internal("out of memory"), err, err_len);
-  }
+  });
 }
 
 int cg_inspect(const uint8_t* container, size_t len, cg_info* info, char* err, size_t err_len) {
   if (!container || !info) return Fail(Status::InvalidArgument("null argument"), err, err_len);
-  try {
+  return Guarded(err, err_len, [&] {
     auto dec = cachegen::Decoder::Open({container, len});
     if (!dec.ok()) return Fail(dec.status(), err, err_len);
     const cachegen::ContainerInfo& ci = dec->info();
@@ -104,16 +118,14 @@ int cg_inspect(const uint8_t* container, size_t len, cg_info* info, char* err, s
     info->chunks = static_cast<uint32_t>(ci.chunks.size());
     info->bytes = ci.bytes;
     return Ok(err, err_len);
-  } catch (const std::bad_alloc&) {
-    return Fail(Status::Internal("out of memory"), err, err_len);
-  }
+  });
 }
 
 int cg_decode(const uint8_t* container, size_t len, uint32_t level, int dtype, void* out, size_t out_len,
               uint32_t threads, char* err, size_t err_len) {
   if (!container || !out) return Fail(Status::InvalidArgument("null argument"), err, err_len);
   if (!ValidDType(dtype)) return Fail(Status::InvalidArgument("unknown dtype"), err, err_len);
-  try {
+  return Guarded(err, err_len, [&] {
     auto dec = cachegen::Decoder::Open({container, len});
     if (!dec.ok()) return Fail(dec.status(), err, err_len);
     const cachegen::KVShape& shape = dec->info().shape;
@@ -125,9 +137,7 @@ int cg_decode(const uint8_t* container, size_t len, uint32_t level, int dtype, v
     const cachegen::KVView view(out, static_cast<DType>(dtype), shape, cachegen::ContiguousStrides(shape));
     if (Status s = dec->Decode(view, level, threads); !s.ok()) return Fail(s, err, err_len);
     return Ok(err, err_len);
-  } catch (const std::bad_alloc&) {
-    return Fail(Status::Internal("out of memory"), err, err_len);
-  }
+  });
 }
 
 void cg_free(void* p) { std::free(p); }

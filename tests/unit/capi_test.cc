@@ -3,8 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 namespace {
@@ -60,6 +62,11 @@ TEST(CApi, RoundTripFp16) {
   cg_free(nullptr);
 }
 
+TEST(CApi, Version) {
+  const std::string v = cg_version();
+  EXPECT_EQ(std::count(v.begin(), v.end(), '.'), 2) << v;
+}
+
 TEST(CApi, EncodeErrors) {
   float x[16] = {};
   uint8_t* buf = reinterpret_cast<uint8_t*>(1);
@@ -75,7 +82,11 @@ TEST(CApi, EncodeErrors) {
   cfg.codec = "fp16";
   EXPECT_EQ(cg_encode(x, 7, 1, 1, 8, 1, &cfg, &buf, &len, err, sizeof err), CG_INVALID_ARGUMENT);
   EXPECT_EQ(cg_encode(x, CG_F32, 0, 1, 8, 1, &cfg, &buf, &len, err, sizeof err), CG_INVALID_ARGUMENT);
+  buf = reinterpret_cast<uint8_t*>(1);
+  len = 7;
   EXPECT_EQ(cg_encode(nullptr, CG_F32, 1, 1, 8, 1, &cfg, &buf, &len, err, sizeof err), CG_INVALID_ARGUMENT);
+  EXPECT_EQ(buf, nullptr);  // reset on every failure, so cg_free(buf) is always safe
+  EXPECT_EQ(len, 0u);
   x[3] = NAN;
   EXPECT_EQ(cg_encode(x, CG_F32, 1, 1, 8, 1, &cfg, &buf, &len, err, sizeof err), CG_INVALID_ARGUMENT);
 }

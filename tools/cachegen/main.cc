@@ -18,6 +18,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "cachegen/cachegen.h"
 #include "cachegen/cli.h"
 #include "cachegen/command.h"
 #include "cachegen/codec.h"
@@ -204,7 +205,7 @@ int RunInspect(const std::string& path, bool json) {
 int Main(int argc, char** argv) {
   CLI::App app{"cachegen: KV-cache codec for LLMs (encode, decode, inspect, benchmark)"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "cachegen 0.1.0");
+  app.set_version_flag("--version", std::string("cachegen ") + cg_version());
 
   EncodeArgs ea;
   CLI::App* enc = app.add_subcommand("encode", "Encode a KV cache into a .cgkv container");
