@@ -48,16 +48,26 @@ class Profile;  // cachegen/profile.h
 
 // The `cachegen` codec's rate when no target is set (bits per value).
 inline constexpr double kDefaultBitsPerValue = 2.0;
+// With a max_kl target, each quality level below the first predicts this many
+// times the previous level's KL (half a decade).
+inline constexpr double kLevelKlRatio = 3.1622776601683795;
 
 struct CodecConfig {
   std::string codec = "cachegen";
 
-  // Rate control for the `cachegen` codec: exactly one target may be set
+  // Rate control for the `cachegen` codec: at most one target may be set
   // (> 0). With none set, bits_per_value = kDefaultBitsPerValue is used. Levels below the first
   // follow the rule in docs/FORMAT.md ("The cachegen codec", encoder choices).
   double bits_per_value = 0;  // average bits per value, all side information included
   double snr_db = 0;          // per-layer signal-to-noise ratio of K and V
   double max_rel_error = 0;   // max |error| / channel standard deviation
+  // Predicted mean next-token KL divergence of the restored context (nats),
+  // from the model profile's measured section sensitivities: every section
+  // gets the step at which its predicted share is equal and the shares sum to
+  // max_kl (each level below the first: kLevelKlRatio times the previous
+  // level's target). Needs a profile with sensitivities (Encoder::Create
+  // refuses it otherwise). FrameStats::predicted_kl reports the prediction.
+  double max_kl = 0;
   std::vector<double> level_bits;  // explicit per-level bits targets (overrides `levels`)
   uint32_t levels = 1;             // quality levels per chunk, 1..8
 
@@ -114,6 +124,11 @@ struct FrameStats {
   // instead (docs/FORMAT.md, "Model profiles"). Many such sections suggest
   // the profile of another model.
   uint32_t sections_unlike_profile = 0;
+  // The mean next-token KL the model is predicted to see when this frame's
+  // tokens are restored from it (sum over sections of the profile's measured
+  // sensitivity times the squared step used); < 0 when not predicted (no
+  // profile with sensitivities, or another codec).
+  double predicted_kl = -1;
 };
 
 struct EncodeStats {
@@ -123,6 +138,9 @@ struct EncodeStats {
   // Average over chunks of one level, every byte of the container included
   // (container header and index spread over levels by their share).
   std::vector<double> level_bits_per_value;
+  // Per level: the frames' predicted KL averaged over the context's tokens
+  // (FrameStats::predicted_kl); < 0 when not predicted.
+  std::vector<double> level_predicted_kl;
 };
 
 class EncoderScratchPool;

@@ -76,8 +76,13 @@ class Profile {
   // (layer l: 2l = K, 2l + 1 = V): mean KL of the next-token distributions per
   // unit of squared section step, finite and in [1e-30, 1e30]. The encoder's
   // rate control then allocates steps by them (docs/FORMAT.md ".cgprof").
-  // The copy has another id.
-  Result<std::shared_ptr<const Profile>> WithSensitivity(std::span<const float> per_section) const;
+  // Optionally also the measured curve: the mean KL of every section (row
+  // per section) at each of `curve_steps` (2 to 16, rising), from which the
+  // encoder predicts KL at any step (format version 5); empty: none. The
+  // copy has another id.
+  Result<std::shared_ptr<const Profile>> WithSensitivity(std::span<const float> per_section,
+                                                         std::span<const float> curve_steps = {},
+                                                         std::span<const float> curve_kl = {}) const;
 
   uint64_t id() const;  // XXH3-64 of the file before its checksum (the checksum itself)
   const std::vector<uint8_t>& bytes() const { return bytes_; }

@@ -64,6 +64,7 @@ struct EncodedSection {
 struct EncodedLevel {
   std::vector<uint8_t> params;           // codec parameters stored in the frame header
   std::vector<EncodedSection> sections;  // 2 * layers, order (layer 0 K, layer 0 V, layer 1 K, ...)
+  double predicted_kl = -1;              // FrameStats::predicted_kl
 };
 
 // What a decoder knows about a section before reading its payload: all

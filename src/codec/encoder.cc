@@ -7,6 +7,8 @@
 #include <string>
 
 #include "cachegen/codec.h"
+#include "cachegen/profile.h"
+#include "codec/cachegen/profile_data.h"
 #include "codec/codec.h"
 #include "common/parallel.h"
 #include "format/container.h"
@@ -61,11 +63,20 @@ Encoder::Encoder(CodecConfig config)
 Result<Encoder> Encoder::Create(const CodecConfig& config) {
   auto codec = CodecByName(config.codec);
   if (!codec.ok()) return codec.status();
-  if (BadTarget(config.bits_per_value) || BadTarget(config.snr_db) || BadTarget(config.max_rel_error))
+  if (BadTarget(config.bits_per_value) || BadTarget(config.snr_db) || BadTarget(config.max_rel_error) ||
+      BadTarget(config.max_kl))
     return Status::InvalidArgument("rate targets must be finite and non-negative");
-  const int targets = (config.bits_per_value > 0) + (config.snr_db > 0) + (config.max_rel_error > 0);
+  const int targets = (config.bits_per_value > 0) + (config.snr_db > 0) + (config.max_rel_error > 0) +
+                      (config.max_kl > 0);
   if (targets > 1)
-    return Status::InvalidArgument("set at most one of bits_per_value, snr_db, max_rel_error");
+    return Status::InvalidArgument("set at most one of bits_per_value, snr_db, max_rel_error, max_kl");
+  if (config.max_kl > 0 && !config.level_bits.empty())
+    return Status::InvalidArgument("level_bits is a bits target: not with max_kl");
+  if (config.max_kl > 0 && config.codec != "cachegen")
+    return Status::InvalidArgument("a KL target is for the cachegen codec only, not " + config.codec);
+  if (config.max_kl > 0 && (!config.profile || config.profile->data().sensitivity.empty()))
+    return Status::InvalidArgument(
+        "a KL target needs a model profile with measured sensitivities (cachegen profile train measures them)");
   if (config.level_bits.size() > kMaxLevels)
     return Status::InvalidArgument("level_bits has " + std::to_string(config.level_bits.size()) +
                                    " entries; at most 8 levels");
@@ -142,6 +153,7 @@ Result<std::vector<std::vector<uint8_t>>> EncodeChunkImpl(const CodecConfig& con
     if (level.params.size() > (1u << 16)) return Status::Internal("codec params too large");
     FrameStats fs;
     fs.level = lv;
+    fs.predicted_kl = level.predicted_kl;
     fs.token_start = token_start;
     fs.tokens = shape.tokens;
     for (uint32_t l = 0; l < shape.layers; ++l) {
@@ -231,6 +243,14 @@ Result<std::vector<uint8_t>> Encoder::Encode(const KVView& kv, EncodeStats* stat
       }
     // Container header and index bytes, spread over levels by their share.
     const double overhead = double(out.size() - frame_bytes);
+    // Predicted KL per level: token-weighted over chunks (a chunk's error
+    // moves the next-token distributions in proportion to its share of the
+    // attended tokens, as the sensitivities were measured on whole contexts).
+    stats->level_predicted_kl.assign(levels, 0);
+    for (const FrameStats& fs : stats->frames) {
+      double& p = stats->level_predicted_kl[fs.level];
+      p = (p < 0 || fs.predicted_kl < 0) ? -1 : p + fs.predicted_kl * fs.tokens / double(shape.tokens);
+    }
     for (size_t l = 0; l < levels; ++l) {
       const double share = frame_bytes ? double(level_bytes[l]) / double(frame_bytes) : 1.0 / double(levels);
       stats->level_bits_per_value.push_back((double(level_bytes[l]) + overhead * share) * 8 /

@@ -140,10 +140,10 @@ void ExpectHostileRejected(const std::vector<uint8_t>& good) {
   }
   // Valid checksum, invalid fields: the field checks behind it.
   auto v = good;
-  v[4] = 5;  // version 5
+  v[4] = 6;  // version 6
   EXPECT_EQ(Profile::Parse(Resealed(v)).status().code(), StatusCode::kUnsupported);
   v = good;
-  v[6] |= 16;  // an unknown flag
+  v[6] |= 32;  // an unknown flag
   EXPECT_EQ(Profile::Parse(Resealed(v)).status().code(), StatusCode::kCorrupt);
   v = good;
   v[8] = 0, v[9] = 0, v[10] = 0, v[11] = 0;  // layers 0
@@ -154,6 +154,61 @@ void ExpectHostileRejected(const std::vector<uint8_t>& good) {
   v = good;
   v.insert(v.end() - 8, 0);  // a trailing byte
   EXPECT_EQ(Profile::Parse(Resealed(v)).status().code(), StatusCode::kCorrupt);
+}
+
+// A sensitivity curve (format version 5) round-trips, is validated, and
+// predicts: the measured KL at its steps, KL ∝ step^2 below them, the last
+// value above them, never falling where the measurement dipped.
+TEST(Profile, SensitivityCurveRoundTripsAndPredicts) {
+  auto p = Trained();
+  ASSERT_TRUE(p);
+  const std::vector<float> w = {1e-3f, 2e-4f, 4e-3f, 5e-4f}, steps = {0.5f, 1, 2};
+  const std::vector<float> kl = {1e-4f, 4e-4f, 9e-4f,  // section 0
+                                 1e-5f, 3e-5f, 2e-5f,  // section 1: a dip at step 2
+                                 1e-3f, 4e-3f, 1.6e-2f, 1e-4f, 5e-4f, 2e-3f};
+  auto q = p->WithSensitivity(w, steps, kl);
+  ASSERT_TRUE(q.ok()) << q.status().ToString();
+  EXPECT_EQ((*q)->bytes()[4], 5);
+  EXPECT_EQ((*q)->bytes()[6] & 16, 16);
+  auto again = Profile::Parse((*q)->bytes());
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  const internal::ProfileData& d = (*again)->data();
+  EXPECT_EQ(d.curve_steps, steps);
+  EXPECT_EQ(d.curve_kl, kl);
+  EXPECT_NEAR(d.PredictedKl(0, 1), 4e-4, 1e-9);
+  EXPECT_NEAR(d.PredictedKl(0, 0.25), 1e-4 / 4, 1e-10);       // below: ∝ step^2
+  EXPECT_NEAR(d.PredictedKl(0, std::sqrt(2.0)), 6e-4, 1e-9);   // log-log between 4e-4 and 9e-4
+  EXPECT_NEAR(d.PredictedKl(0, 100), 9e-4, 1e-9);             // above: saturated
+  EXPECT_NEAR(d.PredictedKl(1, 2), 3e-5, 1e-10);              // the dip is not followed
+  EXPECT_NEAR(d.PredictedKl(1, 8), 3e-5, 1e-10);
+  for (double s = 0.1; s < 10; s *= 1.1) EXPECT_LE(d.PredictedKl(2, s), d.PredictedKl(2, s * 1.1));
+  // Without a curve: sensitivity x step^2; without sensitivities: none.
+  auto plain = WithSensitivity(*p, w);
+  ASSERT_TRUE(plain);
+  EXPECT_NEAR(plain->data().PredictedKl(2, 3), 4e-3 * 9, 1e-7);  // f32 sensitivity
+  EXPECT_EQ(p->data().PredictedKl(0, 1), -1);
+
+  // Invalid curves: one step, falling steps, a step of 0, a NaN or negative KL, a wrong count.
+  const std::vector<float> one = {1}, falling = {1, 0.5f, 2}, zero = {0, 1, 2};
+  EXPECT_FALSE(p->WithSensitivity(w, one, std::vector<float>(4, 1e-4f)).ok());
+  EXPECT_FALSE(p->WithSensitivity(w, falling, kl).ok());
+  EXPECT_FALSE(p->WithSensitivity(w, zero, kl).ok());
+  for (float bad : {NAN, -1.0f, INFINITY}) {
+    std::vector<float> k = kl;
+    k[5] = bad;
+    EXPECT_FALSE(p->WithSensitivity(w, steps, k).ok()) << bad;
+  }
+  EXPECT_FALSE(p->WithSensitivity(w, steps, std::vector<float>(kl.begin(), kl.end() - 1)).ok());
+  // Hostile bytes: resealed falling steps, a curve flag without sensitivities, and the rest.
+  std::vector<uint8_t> v = (*q)->bytes();
+  const size_t first_step = v.size() - 8 - 4 * kl.size() - 4 * steps.size();
+  const float big = 8;
+  std::memcpy(&v[first_step], &big, 4);
+  EXPECT_EQ(Profile::Parse(Resealed(v)).status().code(), StatusCode::kCorrupt);
+  v = (*q)->bytes();
+  v[6] &= ~1;
+  EXPECT_EQ(Profile::Parse(Resealed(v)).status().code(), StatusCode::kCorrupt);
+  ExpectHostileRejected((*q)->bytes());
 }
 
 // Channel weights move a section's scales half-way (in log) towards

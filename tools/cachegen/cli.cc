@@ -119,6 +119,11 @@ void NoteSectionsUnlikeProfile(uint64_t unlike, uint64_t sections) {
                static_cast<unsigned long long>(unlike), static_cast<unsigned long long>(sections));
 }
 
+bool PredictsKl(const EncodeStats& stats) {
+  return !stats.level_predicted_kl.empty() &&
+         std::all_of(stats.level_predicted_kl.begin(), stats.level_predicted_kl.end(), [](double k) { return k >= 0; });
+}
+
 Result<RopeConfig> ResolveRope(const RopeArgs& a) {
   RopeConfig r;
   if (!a.kind.empty()) {

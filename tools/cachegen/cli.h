@@ -47,6 +47,9 @@ CLI::Validator FileExtension(const std::string& extension, const std::string& wh
 // Tells on stderr how many of `sections` were too unlike the profile's data to
 // use its statistics (FrameStats::sections_unlike_profile), when any were.
 void NoteSectionsUnlikeProfile(uint64_t unlike, uint64_t sections);
+// Whether the encoder predicted the KL of every level (a profile with
+// sensitivities: EncodeStats::level_predicted_kl).
+bool PredictsKl(const EncodeStats& stats);
 // The codec's RoPE setting: explicit --rope wins, then the --model's GGUF
 // (RoPE on when the model has normal/NeoX RoPE, unless --no-rope), else none.
 Result<RopeConfig> ResolveRope(const RopeArgs& args);

@@ -17,6 +17,8 @@
 #include "cachegen/cli.h"
 #include "cachegen/command.h"
 #include "cachegen/llama_defaults.h"
+#include "cachegen/profile.h"
+#include "codec/cachegen/profile_data.h"
 #include "engine/llama/eval.h"
 
 namespace cachegen::cli {
@@ -25,7 +27,7 @@ namespace {
 constexpr const char* kDefaultCodecs = "cachegen,cachegen-ref,fp16,q8,q4,kivi2,kivi4,llama-q8_0,llama-q4_0";
 
 struct EvalArgs {
-  std::string model, text, codecs = kDefaultCodecs, bits = "1,1.5,2,3,4";
+  std::string model, text, codecs = kDefaultCodecs, bits = "1,1.5,2,3,4", max_kl;
   uint32_t context = 384, continuation = 128, windows = 16, greedy = 32, threads = 0, levels = 1;
   std::string cache_type = "f16";
   int flash_attn = -1;
@@ -97,6 +99,13 @@ int RunEval(EvalArgs a) {
     if (end == b.c_str() || *end || !(v > 0) || v > 32) return Fail(Status::InvalidArgument("bad --bits value '" + b + "'"));
     o.bits.push_back(v);
   }
+  for (const auto& k : SplitList(a.max_kl)) {
+    char* end = nullptr;
+    const double v = std::strtod(k.c_str(), &end);
+    if (end == k.c_str() || *end || !(v > 0) || v > 100)
+      return Fail(Status::InvalidArgument("bad --max-kl value '" + k + "'"));
+    o.max_kl.push_back(v);
+  }
   o.context = a.context;
   o.continuation = a.continuation;
   o.windows = a.windows;
@@ -109,6 +118,9 @@ int RunEval(EvalArgs a) {
   o.rope = a.rope;
   if (!a.profile.empty())
     if (Status st = UseProfileFile(a.profile, a.quantizer_given, &o.codec); !st.ok()) return Fail(st);
+  if (!o.max_kl.empty() && (!o.codec.profile || o.codec.profile->data().sensitivity.empty()))
+    return Fail(Status::InvalidArgument(
+        "--max-kl needs --profile P.cgprof with measured sensitivities (cachegen profile train measures them)"));
   if (!a.quiet) o.progress = [](const std::string& m) { std::fprintf(stderr, "cachegen eval: %s\n", m.c_str()); };
   auto rep = engine::RunEval(o);
   if (!rep.ok()) return Fail(rep.status());
@@ -137,6 +149,7 @@ int RunEval(EvalArgs a) {
                            {"ppl", Num(r.ppl)},
                            {"delta_ppl_pct", Num(r.delta_ppl_pct)},
                            {"kl", Num(r.kl)},
+                           {"predicted_kl", r.predicted_kl >= 0 ? Num(r.predicted_kl) : nlohmann::json(nullptr)},
                            {"top1_agreement", Num(r.top1_agreement)},
                            {"greedy_match", Num(r.greedy_match)},
                            {"encode_s", Num(r.encode_s)},
@@ -152,11 +165,13 @@ int RunEval(EvalArgs a) {
               "exact-KV perplexity %.4f\n",
               rep->model.c_str(), in.layers, in.kv_heads, in.head_dim, rep->windows, rep->context,
               rep->continuation, rep->ppl_exact);
-  std::printf("%-14s %-18s %8s %7s %9s %8s %10s %6s %7s\n", "codec", "setting", "bits/val", "ratio", "ppl",
-              "dPPL %", "mean KL", "top-1", "greedy");
+  std::printf("%-14s %-18s %8s %7s %9s %8s %10s %10s %6s %7s\n", "codec", "setting", "bits/val", "ratio", "ppl",
+              "dPPL %", "mean KL", "pred. KL", "top-1", "greedy");
   for (const auto& r : rep->rows) {
-    std::printf("%-14s %-18s %8.3f %6.2fx %9.4f %8.3f %10.2e %6.3f %7.3f\n", r.codec.c_str(), r.setting.c_str(),
-                r.bits_per_value, r.ratio_vs_fp16, r.ppl, r.delta_ppl_pct, r.kl, r.top1_agreement, r.greedy_match);
+    const std::string predicted = r.predicted_kl >= 0 ? fmt::format("{:10.2e}", r.predicted_kl) : fmt::format("{:>10}", "-");
+    std::printf("%-14s %-18s %8.3f %6.2fx %9.4f %8.3f %10.2e %s %6.3f %7.3f\n", r.codec.c_str(), r.setting.c_str(),
+                r.bits_per_value, r.ratio_vs_fp16, r.ppl, r.delta_ppl_pct, r.kl, predicted.c_str(), r.top1_agreement,
+                r.greedy_match);
   }
   for (const auto& s : rep->skipped) std::printf("skipped %s: %s\n", s.codec.c_str(), s.reason.c_str());
   std::printf("greedy continuation, exact KV: %s\n", rep->sample_exact.c_str());
@@ -181,6 +196,8 @@ const bool kRegistered = RegisterCommand(50, [](CLI::App& root) -> CommandRunner
                   "fp16-zstd, q8, q4, kivi2, kivi4, llama-q8_0, llama-q4_0 (llama.cpp's own cache types)")
       ->capture_default_str();
   sub->add_option("--bits", a->bits, "Rates (bits/value) for cachegen")->capture_default_str();
+  sub->add_option("--max-kl", a->max_kl,
+                  "KL targets for cachegen (comma list): a row each, steps from the --profile's sensitivities");
   sub->add_option("--levels", a->levels,
                   "cachegen quality levels per chunk (as stored for streaming); > 1: a row per level")
       ->capture_default_str()

@@ -77,7 +77,8 @@ const bool kRegistered = RegisterCommand(55, [](CLI::App& root) -> CommandRunner
               "control then allocates steps by it (default on)")
       ->capture_default_str();
   t->add_option("--sensitivity-steps", a->train.sensitivity_steps,
-                "Section steps (units of channel scale) the sensitivity is measured at")
+                "Section steps (units of channel scale) the sensitivity is measured at (rising, at most 16): "
+                "those <= 1 fit the rate-control weights, all of them the curve that predicts KL (--max-kl)")
       ->delimiter(',')
       ->capture_default_str();
   t->add_flag("--channel-weights,!--no-channel-weights", a->train.channel_weights,

@@ -124,7 +124,12 @@ const bool kRegistered = RegisterCommand(50, [](CLI::App& root) -> CommandRunner
       ->capture_default_str();
   sub->add_option("--chunk-tokens", a->engine.codec.chunk_tokens, "Tokens per stored chunk")->capture_default_str();
   sub->add_option("--levels", a->engine.codec.levels, "Quality levels stored per chunk")->capture_default_str();
-  sub->add_option("--bits", a->engine.codec.bits_per_value, "Bits per value of the best level (0 = codec default)");
+  auto* ob = sub->add_option("--bits", a->engine.codec.bits_per_value, "Bits per value of the best level (0 = codec default)");
+  auto* ok = sub->add_option("--max-kl", a->engine.codec.max_kl,
+                             "Predicted KL of the best level (each next level: 3.16x more); needs --profile with sensitivities")
+                 ->check(Positive());
+  ob->excludes(ok);
+  ok->excludes(ob);
   sub->add_option("--codec", a->engine.codec.codec, "Codec of stored chunks")->capture_default_str();
   sub->add_option("--profile", a->profile,
                   "cachegen: code stored chunks with this model profile (.cgprof from `profile train` on this model; "

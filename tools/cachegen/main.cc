@@ -16,6 +16,7 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "cachegen/cachegen.h"
@@ -36,7 +37,7 @@ std::string JoinNames() {
 
 struct EncodeArgs {
   std::string input, output, codec = "cachegen";
-  double bits = 0, snr_db = 0, max_error = 0;
+  double bits = 0, snr_db = 0, max_error = 0, max_kl = 0;
   uint32_t levels = 1, chunk_tokens = 256, threads = 0;
   bool json = false;
   // cachegen codec tuning (CodecConfig defaults unless given)
@@ -62,6 +63,7 @@ int RunEncode(const EncodeArgs& a) {
   cfg.bits_per_value = a.bits;
   cfg.snr_db = a.snr_db;
   cfg.max_rel_error = a.max_error;
+  cfg.max_kl = a.max_kl;
   cfg.levels = a.levels;
   cfg.chunk_tokens = a.chunk_tokens;
   cfg.threads = a.threads;
@@ -86,12 +88,14 @@ int RunEncode(const EncodeArgs& a) {
                         {"frames", stats.frames.size()},
                         {"sections_unlike_profile", unlike_profile},
                         {"level_bits_per_value", stats.level_bits_per_value}};
+    if (PredictsKl(stats)) j["level_predicted_kl"] = stats.level_predicted_kl;
     std::puts(j.dump(2).c_str());
   } else {
     std::printf("%s: %s, codec %s, %zu bytes, %.3f bits/value (%.2fx vs fp16), %zu frames\n", a.output.c_str(),
                 in->shape().ToString().c_str(), a.codec.c_str(), bytes->size(), bpv, 16.0 / bpv, stats.frames.size());
     for (size_t i = 0; i < stats.level_bits_per_value.size(); ++i)
-      std::printf("  level %zu: %.3f bits/value\n", i, stats.level_bits_per_value[i]);
+      std::printf("  level %zu: %.3f bits/value%s\n", i, stats.level_bits_per_value[i],
+                  PredictsKl(stats) ? fmt::format(", predicted KL {:.3g}", stats.level_predicted_kl[i]).c_str() : "");
   }
   return 0;
 }
@@ -220,9 +224,12 @@ int Main(int argc, char** argv) {
                  ->check(Positive());
   auto* oe = enc->add_option("--max-error", ea.max_error, "Max |error| / channel std (cachegen codec)")
                  ->check(Positive());
-  ob->excludes(os)->excludes(oe);
-  os->excludes(ob)->excludes(oe);
-  oe->excludes(ob)->excludes(os);
+  auto* ok = enc->add_option("--max-kl", ea.max_kl,
+                             "Target predicted mean next-token KL (cachegen codec; needs --profile with sensitivities)")
+                 ->check(Positive());
+  ob->excludes(os)->excludes(oe)->excludes(ok);
+  os->excludes(ob)->excludes(oe)->excludes(ok);
+  oe->excludes(ob)->excludes(os)->excludes(ok);
   enc->add_option("--levels", ea.levels, "Quality levels per chunk (1-8)")->capture_default_str();
   enc->add_option("--chunk-tokens", ea.chunk_tokens, "Tokens per chunk (0 = one chunk)")->capture_default_str();
   enc->add_option("--threads", ea.threads, "Worker threads (0 = all cores)")->capture_default_str();

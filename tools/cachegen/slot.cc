@@ -20,8 +20,9 @@ struct SlotArgs {
   std::string input, output;
   CodecConfig codec;
   uint32_t kv_heads = 0, level = 0, threads = 0;
-  bool json = false;
+  bool json = false, quantizer_given = false;
   RopeArgs rope;
+  std::string profile;
 };
 
 int RunCompress(const SlotArgs& a) {
@@ -31,6 +32,8 @@ int RunCompress(const SlotArgs& a) {
   if (!rope.ok()) return Fail(rope.status());
   CodecConfig codec = a.codec;
   codec.rope = *rope;
+  if (!a.profile.empty())
+    if (Status st = UseProfileFile(a.profile, a.quantizer_given, &codec); !st.ok()) return Fail(st);
   uint32_t kv_heads = a.kv_heads;
   if (kv_heads == 0 && !a.rope.model.empty()) {
     Result<ModelKeyFacts> m = ReadModelKeyFacts(a.rope.model);
@@ -52,7 +55,9 @@ int RunCompress(const SlotArgs& a) {
                               {"input_bytes", in->size()},
                               {"output_bytes", out->size()},
                               {"ratio", ratio},
-                              {"level_bits_per_value", stats.level_bits_per_value}})
+                              {"level_bits_per_value", stats.level_bits_per_value},
+                              {"level_predicted_kl", PredictsKl(stats) ? nlohmann::json(stats.level_predicted_kl)
+                                                                       : nlohmann::json(nullptr)}})
                   .dump(2)
                   .c_str());
   } else {
@@ -65,6 +70,8 @@ int RunCompress(const SlotArgs& a) {
 int RunRestore(const SlotArgs& a) {
   Result<std::vector<uint8_t>> in = ReadFileBytes(a.input);
   if (!in.ok()) return Fail(in.status());
+  if (!a.profile.empty())
+    if (Result<std::shared_ptr<const Profile>> p = LoadProfileFile(a.profile); !p.ok()) return Fail(p.status());
   Result<std::vector<uint8_t>> out = engine::RestoreSlotFile(*in, a.level, a.threads);
   if (!out.ok()) {
     std::fprintf(stderr, "cachegen: error: '%s': %s\n", a.input.c_str(), out.status().message().c_str());
@@ -86,19 +93,26 @@ const bool kRegistered = RegisterCommand(30, [](CLI::App& root) -> CommandRunner
   c->add_option("--codec", a->codec.codec, "Codec")->capture_default_str();
   auto* ob = c->add_option("--bits", a->codec.bits_per_value, "Target bits per value (cachegen codec)");
   auto* os = c->add_option("--snr-db", a->codec.snr_db, "Target per-layer SNR in dB (cachegen codec)");
-  ob->excludes(os);
-  os->excludes(ob);
+  auto* ok = c->add_option("--max-kl", a->codec.max_kl,
+                           "Target predicted mean next-token KL (cachegen codec; needs --profile with sensitivities)")
+                 ->check(Positive());
+  ob->excludes(os)->excludes(ok);
+  os->excludes(ob)->excludes(ok);
+  ok->excludes(ob)->excludes(os);
   c->add_option("--levels", a->codec.levels, "Quality levels")->capture_default_str();
   c->add_option("--kv-heads", a->kv_heads, "KV heads per layer (0: the --model's, else head dim 128, else 64, else the whole row)")
       ->capture_default_str();
   c->add_flag("--json", a->json, "Print a JSON summary");
   AddRopeOptions(c, &a->rope, /*model_flag=*/true);
-  AddQuantizerOption(c, &a->codec);
+  AddQuantizerOption(c, &a->codec, &a->quantizer_given);
+  c->add_option("--profile", a->profile,
+                "cachegen: code with this model profile (.cgprof; its quantizer too); restore needs it as well");
   CLI::App* r = slot->add_subcommand("restore", ".cgslot -> llama.cpp slot file");
   r->add_option("input", a->input, ".cgslot file")->required();
   r->add_option("-o,--output", a->output, "Slot file for llama-server's action=restore")->required();
   r->add_option("--level", a->level, "Quality level to decode (0 = best)")->capture_default_str();
   r->add_option("--threads", a->threads, "Decode threads (0 = all cores)")->capture_default_str();
+  r->add_option("--profile", a->profile, "The model profile the .cgslot was compressed with (.cgprof)");
   return [slot, c, r, a]() -> std::optional<int> {
     if (!*slot) return std::nullopt;
     if (*c) return RunCompress(*a);

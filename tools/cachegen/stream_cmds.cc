@@ -82,7 +82,7 @@ struct PutArgs {
   StoreTarget target;
   ChainArgs chain;
   std::string input, tokens, codec = "cachegen";
-  double bits = 0;
+  double bits = 0, max_kl = 0;
   uint32_t levels = 4, threads = 0;
   bool json = false;
   RopeArgs rope;  // KV input: keys' RoPE, undone before coding (as encode's)
@@ -113,6 +113,7 @@ int RunPut(const PutArgs& a) {
     CodecConfig cfg;
     cfg.codec = a.codec;
     cfg.bits_per_value = a.bits;
+    cfg.max_kl = a.max_kl;
     cfg.levels = a.levels;
     cfg.chunk_tokens = chunk_tokens;
     cfg.threads = a.threads;
@@ -241,7 +242,12 @@ const bool kPut = RegisterCommand(21, [](CLI::App& root) -> CommandRunner {
       ->required();
   sub->add_option("--tokens", a->tokens, "File of the context's token ids (whitespace/comma separated)")->required();
   sub->add_option("--codec", a->codec, "Codec (KV input only)")->capture_default_str();
-  sub->add_option("--bits", a->bits, "Finest level's bits per value (cachegen codec; 0 = default)");
+  auto* ob = sub->add_option("--bits", a->bits, "Finest level's bits per value (cachegen codec; 0 = default)");
+  auto* ok = sub->add_option("--max-kl", a->max_kl,
+                             "Finest level's predicted KL (each next level: 3.16x more; needs --profile with sensitivities)")
+                 ->check(Positive());
+  ob->excludes(ok);
+  ok->excludes(ob);
   sub->add_option("--levels", a->levels, "Quality levels per chunk (KV input only)")->capture_default_str();
   sub->add_option("--threads", a->threads, "Encoder threads (0 = all cores)")->capture_default_str();
   AddRopeOptions(sub, &a->rope, /*model_flag=*/false);

@@ -275,6 +275,7 @@ class CacheGenCodec final : public Codec {
     for (uint32_t lv = 0; lv < levels; ++lv) {
       CG_RETURN_IF_ERROR(ChooseSteps(analyses, s, cfg, lv, &memo, &q, &spare));
       out[lv].params = WriteParams(p);
+      if (p.profile) out[lv].predicted_kl = PredictedKl(p.profile->data(), q);
       out[lv].sections.resize(n_sections);
       CG_RETURN_IF_ERROR(ParallelFor(n_sections, cfg.threads, [&](uint64_t i) {
         EncodedSection& es = out[lv].sections[i];
@@ -341,6 +342,19 @@ class CacheGenCodec final : public Codec {
         deltas[i] = a[i]->PreferDelta(steps[i]);
         return Status::Ok();
       }));
+    } else if (cfg.max_kl > 0) {
+      const double target = cfg.max_kl * std::pow(kLevelKlRatio, level);
+      CG_ASSIGN_OR_RETURN(const std::vector<float> factors, KlStepFactors(cfg, n));
+      const double m = MultiplierForKl(cfg.profile->data(), factors, target);
+      for (uint32_t i = 0; i < n; ++i) steps[i] = static_cast<float>(std::clamp(m * factors[i], 1e-6, 1e6));
+      if (memo->deltas.empty()) {
+        memo->deltas.resize(n);
+        CG_RETURN_IF_ERROR(ParallelFor(n, cfg.threads, [&](uint64_t i) {
+          memo->deltas[i] = a[i]->PreferDelta(factors[i]);
+          return Status::Ok();
+        }));
+      }
+      deltas = memo->deltas;
     } else if (cfg.snr_db > 0) {
       const double snr = cfg.snr_db - kLevelSnrStepDb * level;
       CG_RETURN_IF_ERROR(ParallelFor(n, cfg.threads, [&](uint64_t i) {
@@ -358,6 +372,44 @@ class CacheGenCodec final : public Codec {
       a[i]->QuantizeStreams(steps[i], deltas[i], 1, &(*q)[i]);
       return Status::Ok();
     });
+  }
+
+  // Section step multipliers of a KL target: the profile's sensitivity
+  // factors (equal predicted KL in every section: the least bits for a KL
+  // sum at high rate).
+  static Result<std::vector<float>> KlStepFactors(const CodecConfig& cfg, uint32_t sections) {
+    std::vector<float> f = cfg.profile ? cfg.profile->data().SensitivityStepFactors() : std::vector<float>{};
+    if (f.size() != sections)
+      return Status::InvalidArgument("a KL target needs a model profile with measured sensitivities");
+    return f;
+  }
+
+  // Sum over sections of each one's predicted KL at its step (the sections'
+  // effects add up at small errors); -1 without sensitivities.
+  static double PredictedKl(const internal::ProfileData& d, const std::vector<QuantizedSection>& q) {
+    if (d.sensitivity.size() != q.size()) return -1;
+    double kl = 0;
+    for (size_t i = 0; i < q.size(); ++i) kl += d.PredictedKl(uint32_t(i), q[i].step);
+    return kl;
+  }
+
+  // The multiplier m of the section step factors at which the predicted KL
+  // sum reaches `target_kl` (bisection in log2 m: the prediction is
+  // non-decreasing in every step); the largest searched when even that
+  // predicts less.
+  static double MultiplierForKl(const internal::ProfileData& d, const std::vector<float>& factors, double target_kl) {
+    auto kl_at = [&](double log_m) {
+      double kl = 0;
+      for (size_t i = 0; i < factors.size(); ++i) kl += d.PredictedKl(uint32_t(i), std::exp2(log_m) * factors[i]);
+      return kl;
+    };
+    double lo = -20, hi = 20;
+    if (kl_at(hi) <= target_kl) return std::exp2(hi);
+    for (int iter = 0; iter < 60; ++iter) {
+      const double mid = (lo + hi) / 2;
+      (kl_at(mid) < target_kl ? lo : hi) = mid;
+    }
+    return std::exp2(lo);
   }
 
   // Per-section step whose measured reconstruction SNR is close to `snr_db`

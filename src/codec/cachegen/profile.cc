@@ -28,10 +28,14 @@ constexpr uint16_t kVersion1 = 1;
 constexpr uint16_t kVersion2 = 2;
 constexpr uint16_t kVersion3 = 3;
 constexpr uint16_t kVersion4 = 4;
+constexpr uint16_t kVersion5 = 5;
 constexpr uint16_t kFlagSensitivity = 1;
 constexpr uint16_t kFlagTransforms = 2;
 constexpr uint16_t kFlagLloydTables = 4;  // version 3: K tables of the learned quantizer (else uniform)
 constexpr uint16_t kFlagChannelClasses = 8;  // version 4: per section a class count (and classes)
+constexpr uint16_t kFlagSensitivityCurve = 16;  // version 5: per section measured KL at a list of steps
+// A sensitivity curve has this many steps at most (and at least 2).
+constexpr uint32_t kMaxCurvePoints = 16;
 // Classes a section may have (training makes at most 16 per stream kind).
 constexpr uint32_t kMaxClasses = 64;
 // Training: classes are quarter octaves of a channel's input spread against
@@ -62,9 +66,10 @@ std::vector<uint8_t> Serialize(const internal::ProfileData& d) {
   const bool v3 = transforms || d.tables_for != internal::ProfileData::TablesFor::kUnknown;
   const bool lloyd = d.tables_for == internal::ProfileData::TablesFor::kLloyd;
   const bool classes = std::any_of(d.classes.begin(), d.classes.end(), [](uint8_t n) { return n > 0; });
-  w.U16(classes ? kVersion4 : v3 ? kVersion3 : sens ? kVersion2 : kVersion1);
+  const bool curve = sens && !d.curve_steps.empty();
+  w.U16(curve ? kVersion5 : classes ? kVersion4 : v3 ? kVersion3 : sens ? kVersion2 : kVersion1);
   w.U16((sens ? kFlagSensitivity : 0) | (transforms ? kFlagTransforms : 0) | (lloyd ? kFlagLloydTables : 0) |
-        (classes ? kFlagChannelClasses : 0));
+        (classes ? kFlagChannelClasses : 0) | (curve ? kFlagSensitivityCurve : 0));
   w.U32(d.layers);
   w.U32(d.kv_heads);
   w.U32(d.head_dim);
@@ -103,11 +108,37 @@ std::vector<uint8_t> Serialize(const internal::ProfileData& d) {
       if (d.HasTransform(sec))
         for (float v : d.transform[sec]) w.F32(v);
     }
+  if (curve) {
+    w.U8(static_cast<uint8_t>(d.curve_steps.size()));
+    for (float v : d.curve_steps) w.F32(v);
+    for (float v : d.curve_kl) w.F32(v);
+  }
   w.U64(Checksum64(out));
   return out;
 }
 
 Status Bad(const std::string& what) { return Status::Corrupt("profile: " + what); }
+
+// A sensitivity curve's steps: 2..kMaxCurvePoints, finite, positive, rising;
+// its KL values (sections x steps): finite and in [0, kMaxSensitivity].
+bool ValidCurve(std::span<const float> steps, std::span<const float> kl, uint32_t sections) {
+  if (steps.size() < 2 || steps.size() > kMaxCurvePoints || kl.size() != steps.size() * sections) return false;
+  for (size_t i = 0; i < steps.size(); ++i)
+    if (!(steps[i] > 0 && steps[i] <= 1e6f) || (i > 0 && !(steps[i] > steps[i - 1]))) return false;
+  return std::all_of(kl.begin(), kl.end(), [](float v) { return v >= 0 && v <= kMaxSensitivity; });
+}
+
+Status ParseCurve(ByteReader& r, internal::ProfileData* d) {
+  const uint32_t points = r.U8(), sections = d->layers * 2;
+  if (!r.ok() || points < 2 || points > kMaxCurvePoints) return Bad("invalid sensitivity curve length");
+  if (r.remaining() < (uint64_t{points} * (sections + 1)) * 4) return Bad("truncated sensitivity curve");
+  d->curve_steps.resize(points);
+  for (float& v : d->curve_steps) v = r.F32();
+  d->curve_kl.resize(size_t{points} * sections);
+  for (float& v : d->curve_kl) v = r.F32();
+  if (!ValidCurve(d->curve_steps, d->curve_kl, sections)) return Bad("invalid sensitivity curve values");
+  return Status::Ok();
+}
 
 // The transforms block: per section a presence byte, then H matrices of D x D f32.
 Status ParseTransforms(ByteReader& r, internal::ProfileData* d) {
@@ -160,9 +191,9 @@ Result<internal::ProfileData> ParseData(std::span<const uint8_t> bytes) {
   if (r.U32() != kMagic) return Bad("wrong magic (not a .cgprof)");
   const uint16_t version = r.U16();
   if (version == 0) return Bad("version 0");
-  if (version > kVersion4)
+  if (version > kVersion5)
     return Status::Unsupported("profile format version " + std::to_string(version) +
-                               " is newer than the supported version 4");
+                               " is newer than the supported version 5");
   const std::span<const uint8_t> body = bytes.first(bytes.size() - 8);
   ByteReader tail(bytes.subspan(bytes.size() - 8));
   if (tail.U64() != Checksum64(body)) return Bad("checksum mismatch");
@@ -185,9 +216,12 @@ Result<internal::ProfileData> ParseData(std::span<const uint8_t> bytes) {
   const uint16_t known = version == kVersion1   ? 0
                          : version == kVersion2 ? kFlagSensitivity
                          : version == kVersion3 ? kFlagSensitivity | kFlagTransforms | kFlagLloydTables
+                         : version == kVersion4 ? kFlagSensitivity | kFlagTransforms | kFlagLloydTables |
+                                                      kFlagChannelClasses
                                                 : kFlagSensitivity | kFlagTransforms | kFlagLloydTables |
-                                                      kFlagChannelClasses;
+                                                      kFlagChannelClasses | kFlagSensitivityCurve;
   if ((flags & ~known) != 0 || reserved != 0) return Bad("unknown flags or reserved bits set");
+  if ((flags & kFlagSensitivityCurve) && !(flags & kFlagSensitivity)) return Bad("sensitivity curve without sensitivities");
   if (version >= kVersion3)
     d.tables_for = flags & kFlagLloydTables ? internal::ProfileData::TablesFor::kLloyd
                                             : internal::ProfileData::TablesFor::kUniform;
@@ -259,6 +293,7 @@ Result<internal::ProfileData> ParseData(std::span<const uint8_t> bytes) {
     }
   }
   if (flags & kFlagTransforms) CG_RETURN_IF_ERROR(ParseTransforms(r, &d));
+  if (flags & kFlagSensitivityCurve) CG_RETURN_IF_ERROR(ParseCurve(r, &d));
   if (r.remaining() != 8) return Bad("trailing bytes before the checksum");
   if (has_classes && std::none_of(d.classes.begin(), d.classes.end(), [](uint8_t n) { return n > 0; }))
     return Bad("channel classes flag without a section with classes");
@@ -600,15 +635,21 @@ Result<std::shared_ptr<const Profile>> Profile::Train(std::span<const KVView> co
   return Parse(bytes);
 }
 
-Result<std::shared_ptr<const Profile>> Profile::WithSensitivity(std::span<const float> per_section) const {
+Result<std::shared_ptr<const Profile>> Profile::WithSensitivity(std::span<const float> per_section,
+                                                                std::span<const float> curve_steps,
+                                                                std::span<const float> curve_kl) const {
   if (per_section.size() != size_t{data_->layers} * 2)
     return Status::InvalidArgument("profile: " + std::to_string(per_section.size()) + " sensitivities for " +
                                    std::to_string(data_->layers * 2) + " sections");
   for (float v : per_section)
     if (!(v >= kMinSensitivity && v <= kMaxSensitivity))
       return Status::InvalidArgument("profile: sensitivity " + std::to_string(v) + " out of range");
+  if (!curve_steps.empty() && !ValidCurve(curve_steps, curve_kl, data_->layers * 2))
+    return Status::InvalidArgument("profile: invalid sensitivity curve (2 to 16 rising positive steps, KL finite and >= 0)");
   internal::ProfileData d = *data_;
   d.sensitivity.assign(per_section.begin(), per_section.end());
+  d.curve_steps.assign(curve_steps.begin(), curve_steps.end());
+  d.curve_kl.assign(curve_kl.begin(), curve_kl.end());
   return Parse(Serialize(d));
 }
 

@@ -1,6 +1,7 @@
 // What a parsed .cgprof holds (include/cachegen/profile.h; docs/FORMAT.md).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <span>
@@ -39,6 +40,10 @@ struct ProfileData {
   // distributions per unit of squared section step (format version 2); empty
   // when not measured. Rate control then sets step_i ∝ 1/sqrt(w_i).
   std::vector<float> sensitivity;
+  // Optionally (format version 5) the measured mean KL of each section alone
+  // at rising steps: curve_kl[section * curve_steps.size() + p] at
+  // curve_steps[p]. PredictedKl reads it.
+  std::vector<float> curve_steps, curve_kl;
   // Per section: empty, or per KV head an orthonormal D x D matrix U
   // (head_transform.h; format version 3): the section is coded as U^T x.
   // transform_t holds the transposes (for decoders), made on parse.
@@ -78,6 +83,28 @@ struct ProfileData {
     std::vector<float> f(w.size());
     for (size_t i = 0; i < f.size(); ++i) f[i] = static_cast<float>(std::exp(0.5 * (log_mean - std::log(double(w[i])))));
     return f;
+  }
+  // The mean next-token KL predicted with section `section` alone coded at
+  // `step`: log-log interpolation of the measured curve, KL ∝ step^2 below
+  // its first step and the last value above its last (the section then
+  // carries nothing more to lose); without a curve sensitivity * step^2; -1
+  // without sensitivities. Non-decreasing in step.
+  double PredictedKl(uint32_t section, double step) const {
+    if (section >= sensitivity.size()) return -1;
+    const size_t n = curve_steps.size();
+    if (n == 0) return double(sensitivity[section]) * step * step;
+    const float* kl = &curve_kl[size_t{section} * n];
+    double prev = std::max(double(kl[0]), 1e-30);  // running maximum: measured noise never lowers the curve
+    if (step <= curve_steps[0]) return prev * (step / curve_steps[0]) * (step / curve_steps[0]);
+    for (size_t p = 1; p < n; ++p) {
+      const double next = std::max(prev, double(kl[p]));
+      if (step <= curve_steps[p]) {
+        const double t = std::log(step / curve_steps[p - 1]) / std::log(double(curve_steps[p]) / curve_steps[p - 1]);
+        return std::exp(std::log(prev) + t * (std::log(next) - std::log(prev)));
+      }
+      prev = next;
+    }
+    return prev;
   }
   // The grid point nearest to `step`, or -1 when it lies outside the grid.
   int GridIndex(float step) const {

@@ -29,6 +29,7 @@ double MsSince(Clock::time_point t0) {
 std::string CodecProfile(const CodecConfig& c) {
   std::string p = c.codec + ";levels=" + std::to_string(c.levels) + ";bits=" + std::to_string(c.bits_per_value) +
                   ";snr=" + std::to_string(c.snr_db) + ";maxerr=" + std::to_string(c.max_rel_error) +
+                  (c.max_kl > 0 ? ";kl=" + std::to_string(c.max_kl) : std::string()) +
                   ";g=" + std::to_string(c.group_tokens) + ";rot=" + std::to_string(c.rotate) +
                   ";slope=" + std::to_string(c.layer_slope) + ";recent=" + std::to_string(c.recent_tokens) + "x" +
                   std::to_string(c.recent_step_scale);

@@ -62,6 +62,7 @@ Status Score(LlamaContext& ctx, const std::vector<int32_t>& w, uint32_t N, uint3
 
 struct Accum {
   double nll = 0, kl = 0, top1 = 0, greedy = 0, bits = 0, encode_s = 0, decode_s = 0;
+  double predicted_kl = 0;  // sum over windows; < 0 once a window had none
   uint64_t scored = 0, greedy_n = 0, windows = 0;
   void Add(const Scored& s, const Scored& exact, const std::vector<int32_t>& w, uint32_t N) {
     for (size_t i = 0; i < s.logp.size(); ++i) {
@@ -167,15 +168,23 @@ Result<EvalReport> RunEval(const EvalOptions& o) {
     cfg.threads = 1;
     cfg.bits_per_value = 0;
     if (codec == "cachegen") {
-      if (o.bits.empty()) return Status::InvalidArgument("no --bits for " + c);
+      if (o.bits.empty() && o.max_kl.empty()) return Status::InvalidArgument("no --bits or --max-kl for " + c);
       cfg.levels = std::max(1u, o.levels);
+      const std::string suffix = fmt::format("{}{}{}", o.rope ? "" : " no-rope", o.codec.profile ? " profile" : "",
+                                             o.codec.quantizer == CodecConfig::Quantizer::kLloyd ? " lloyd" : "");
+      auto add_rows = [&](const CodecConfig& rate, const std::string& setting) {
+        for (uint32_t level = 0; level < rate.levels; ++level)
+          specs.push_back(
+              {c, rate.levels > 1 ? fmt::format("{} level={}", setting, level) : setting, "", rate, level});
+      };
       for (double b : o.bits) {
         cfg.bits_per_value = b;
-        const std::string setting =
-            fmt::format("bits={:g}{}{}{}", b, o.rope ? "" : " no-rope", o.codec.profile ? " profile" : "",
-                        o.codec.quantizer == CodecConfig::Quantizer::kLloyd ? " lloyd" : "");
-        for (uint32_t level = 0; level < cfg.levels; ++level)
-          specs.push_back({c, cfg.levels > 1 ? fmt::format("{} level={}", setting, level) : setting, "", cfg, level});
+        add_rows(cfg, fmt::format("bits={:g}{}", b, suffix));
+      }
+      cfg.bits_per_value = 0;
+      for (double k : o.max_kl) {
+        cfg.max_kl = k;
+        add_rows(cfg, fmt::format("max-kl={:g}{}", k, suffix));
       }
     } else {
       specs.push_back({c, "default", "", cfg});
@@ -247,6 +256,7 @@ Result<EvalReport> RunEval(const EvalOptions& o) {
     }
 
     std::vector<uint8_t> bytes;  // the container of the current rate
+    EncodeStats stats;           // and what its encoder reported
     double encode_s = 0;
     for (size_t r = 0; r < specs.size(); ++r) {
       const RowSpec& sp = specs[r];
@@ -265,10 +275,12 @@ Result<EvalReport> RunEval(const EvalOptions& o) {
           if (!PositionsFrom(cap.positions, 0)) cfg.rope = RopeConfig{};  // the codec puts token t at position t
           CG_ASSIGN_OR_RETURN(auto enc, Encoder::Create(cfg));
           auto te = Clock::now();
-          CG_ASSIGN_OR_RETURN(bytes, enc.Encode(cap.kv.view()));
+          CG_ASSIGN_OR_RETURN(bytes, enc.Encode(cap.kv.view(), &stats));
           encode_s = Since(te);
         }
         acc[r].encode_s += encode_s;
+        const double predicted = sp.level < stats.level_predicted_kl.size() ? stats.level_predicted_kl[sp.level] : -1;
+        acc[r].predicted_kl = acc[r].predicted_kl < 0 || predicted < 0 ? -1 : acc[r].predicted_kl + predicted;
         const auto td = Clock::now();
         CG_ASSIGN_OR_RETURN(auto dec, Decoder::Open(bytes));
         CG_ASSIGN_OR_RETURN(KVTensor out, dec.Decode(cap.kv.dtype(), sp.level));
@@ -298,6 +310,9 @@ Result<EvalReport> RunEval(const EvalOptions& o) {
     row.kl = a.kl / static_cast<double>(a.scored);
     row.top1_agreement = a.top1 / static_cast<double>(a.scored);
     row.greedy_match = a.greedy_n ? a.greedy / static_cast<double>(a.greedy_n) : 1.0;
+    row.predicted_kl = specs[r].engine_type.empty() && specs[r].cfg.codec == "cachegen" && a.predicted_kl >= 0
+                           ? a.predicted_kl / static_cast<double>(a.windows)
+                           : -1;
     row.encode_s = a.encode_s;
     row.decode_s = a.decode_s;
     row.sample = std::move(samples[r]);

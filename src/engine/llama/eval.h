@@ -30,6 +30,9 @@ struct EvalOptions {
   // Codec names (CodecNames()) and "llama-q8_0", "llama-q4_0".
   std::vector<std::string> codecs;
   std::vector<double> bits;  // rates of the rate-controlled codec (cachegen)
+  // cachegen: KL targets (CodecConfig::max_kl), a row each after the bits
+  // rows; needs codec.profile with sensitivities.
+  std::vector<double> max_kl;
   // cachegen: quality levels per chunk. With more than one, each rate gives a
   // row per level ("bits=B level=K"), decoded at that level; its bits/value
   // count that level's frames only.
@@ -50,6 +53,9 @@ struct EvalRow {
   uint32_t level = 0;  // the decoded quality level (EvalOptions::levels)
   double bits_per_value = 0, ratio_vs_fp16 = 0;
   double ppl = 0, delta_ppl_pct = 0, kl = 0, top1_agreement = 0, greedy_match = 0;
+  // cachegen with a profile that has sensitivities: the encoder's predicted
+  // KL (EncodeStats::level_predicted_kl), mean over windows; < 0 otherwise.
+  double predicted_kl = -1;
   double encode_s = 0, decode_s = 0;  // totals over windows
   std::string sample;  // first window: the text generated greedily with this row's KV
 };

@@ -78,7 +78,10 @@ Result<ModelProfile> TrainModelProfile(const ModelProfileOptions& o) {
   const SensitivityOptions so{o.context, o.continuation, o.sensitivity_steps, o.threads, o.progress};
   CG_ASSIGN_OR_RETURN(out.sensitivity,
                       MeasureSensitivity(model, std::span(windows).subspan(o.skip), *out.profile, cfg, so));
-  CG_ASSIGN_OR_RETURN(out.profile, out.profile->WithSensitivity(out.sensitivity->weights));
+  std::vector<float> curve_steps(out.sensitivity->steps.begin(), out.sensitivity->steps.end()), curve_kl;
+  for (const std::vector<double>& row : out.sensitivity->kl) curve_kl.insert(curve_kl.end(), row.begin(), row.end());
+  if (curve_steps.size() < 2) curve_steps.clear(), curve_kl.clear();  // a curve needs two points
+  CG_ASSIGN_OR_RETURN(out.profile, out.profile->WithSensitivity(out.sensitivity->weights, curve_steps, curve_kl));
   return out;
 }
 

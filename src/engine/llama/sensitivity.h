@@ -20,8 +20,12 @@ namespace cachegen::engine {
 
 struct SensitivityOptions {
   uint32_t context = 384, continuation = 128;  // each window: N context + M scored tokens (+1)
-  // Section steps (units of the profile's channel scales) each section is quantized at.
-  std::vector<double> steps = {0.25, 0.5, 1.0};
+  // Section steps (units of the profile's channel scales) each section is
+  // quantized at, rising. Those up to 1 fit the weights (the high-rate
+  // range); all of them make the profile's curve, from which the encoder
+  // predicts KL: the coarser ones cover the low rates (on docs6L a KL target
+  // of 1e-3 puts key sections at steps near 10).
+  std::vector<double> steps = {0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0};
   uint32_t threads = 0;  // llama.cpp threads (0: its default)
   std::function<void(const std::string&)> progress;  // may be empty
 };
@@ -33,7 +37,8 @@ struct SensitivityReport {
   // the profile's statistics, as a frame with the profile codes it).
   std::vector<std::vector<double>> kl;
   // Per section: KL per squared step, geometric mean of kl / step^2 over the
-  // steps (the high-rate model KL ≈ w step^2, fitted in relative terms).
+  // steps up to 1 (all of them when none is) (the high-rate model KL ≈ w
+  // step^2, fitted in relative terms).
   std::vector<float> weights;
 };
 
