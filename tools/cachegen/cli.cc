@@ -11,6 +11,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cachegen/profile.h"
+#include "codec/cachegen/profile_cache.h"
 #include "kv/io.h"
 #include "kv/synthetic.h"
 
@@ -34,6 +35,22 @@ void SetModelReader(std::function<Result<ModelKeyFacts>(const std::string&)> rea
 const std::function<int(const ModelDemoArgs&)>& ModelDemo() { return ModelDemoSlot(); }
 
 void SetModelDemo(std::function<int(const ModelDemoArgs&)> demo) { ModelDemoSlot() = std::move(demo); }
+
+std::function<Result<ModelProfileFacts>(const std::string&)>& ModelProfiler() {
+  static std::function<Result<ModelProfileFacts>(const std::string&)> f;
+  return f;
+}
+
+void SetModelProfiler(std::function<Result<ModelProfileFacts>(const std::string&)> profiler) {
+  ModelProfiler() = std::move(profiler);
+}
+
+Result<ModelProfileFacts> AutomaticModelProfile(const std::string& gguf) {
+  if (!ModelProfiler()) return Status::Unsupported("an automatic profile needs a build with llama.cpp");
+  return ModelProfiler()(gguf);
+}
+
+void RegisterAutomaticProfiles() { RegisterCachedProfiles(DefaultProfileCacheDir()); }
 
 Result<ModelKeyFacts> ReadModelKeyFacts(const std::string& gguf) {
   if (!ModelReader()) return Status::Unsupported("--model needs a build with llama.cpp (or give --rope ...)");

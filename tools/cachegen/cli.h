@@ -61,6 +61,19 @@ struct ModelKeyFacts {
 };
 void SetModelReader(std::function<Result<ModelKeyFacts>(const std::string&)> reader);
 Result<ModelKeyFacts> ReadModelKeyFacts(const std::string& gguf);
+// A GGUF model's automatic profile (learned once from text the model writes
+// itself, then read from the profile cache folder), with where it came from;
+// set by the llama.cpp tools at start-up (builds without llama.cpp answer
+// kUnsupported).
+struct ModelProfileFacts {
+  std::shared_ptr<const Profile> profile;
+  std::string source;
+};
+void SetModelProfiler(std::function<Result<ModelProfileFacts>(const std::string&)> profiler);
+Result<ModelProfileFacts> AutomaticModelProfile(const std::string& gguf);
+// Registers the profiles of the profile cache folder, so that frames coded
+// with an automatic profile decode without --profile.
+void RegisterAutomaticProfiles();
 
 // `cachegen demo` on a real model (set by the llama.cpp tools at start-up):
 // returns the exit code. Empty in builds without llama.cpp.

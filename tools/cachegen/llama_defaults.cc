@@ -56,4 +56,13 @@ Result<std::string> DefaultModelPath(const std::string& tool, std::string* note)
   return path;
 }
 
+Result<engine::AutoProfile> AutoProfileFor(const std::string& tool, const std::string& model_path, uint32_t threads,
+                                           bool quiet) {
+  engine::AutoProfileOptions o;
+  o.model_path = model_path;
+  o.threads = threads;
+  if (!quiet) o.progress = [tool](const std::string& m) { std::fprintf(stderr, "cachegen %s: %s\n", tool.c_str(), m.c_str()); };
+  return engine::AutoModelProfile(o);
+}
+
 }  // namespace cachegen::cli

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cachegen/status.h"
+#include "engine/llama/auto_profile.h"
 
 namespace cachegen::cli {
 
@@ -22,5 +23,11 @@ Result<std::string> DefaultModelPath(const std::string& tool, std::string* note 
 // built-in story repeated to about 40 KB (said on stderr as for the model).
 // `source`, when given, receives the file read or "built-in".
 Result<std::string> TextOrDefault(const std::string& tool, const std::string& path, std::string* source = nullptr);
+
+// The model's automatic profile (engine::AutoModelProfile, in the default
+// cache folder), progress and where it came from on stderr prefixed by
+// "cachegen <tool>: " unless quiet.
+Result<engine::AutoProfile> AutoProfileFor(const std::string& tool, const std::string& model_path, uint32_t threads,
+                                           bool quiet);
 
 }  // namespace cachegen::cli

@@ -116,8 +116,17 @@ int RunEval(EvalArgs a) {
   o.threads = a.threads;
   o.codec = a.tuning;
   o.rope = a.rope;
-  if (!a.profile.empty())
+  std::string profile_source = "none (--profile none)";
+  if (a.profile.empty()) {
+    Result<engine::AutoProfile> ap = AutoProfileFor("eval", a.model, a.threads, a.quiet);
+    if (!ap.ok()) return Fail(ap.status());
+    o.codec.profile = ap->profile;
+    if (!a.quantizer_given) o.codec.quantizer = ap->profile->quantizer().value_or(o.codec.quantizer);
+    profile_source = "automatic: " + ap->source;
+  } else if (a.profile != "none") {
     if (Status st = UseProfileFile(a.profile, a.quantizer_given, &o.codec); !st.ok()) return Fail(st);
+    profile_source = a.profile;
+  }
   if (!o.max_kl.empty() && (!o.codec.profile || o.codec.profile->data().sensitivity.empty()))
     return Fail(Status::InvalidArgument(
         "--max-kl needs --profile P.cgprof with measured sensitivities (cachegen profile train measures them)"));
@@ -134,6 +143,7 @@ int RunEval(EvalArgs a) {
     j["model"] = rep->model;
     if (!note.empty()) j["note"] = note;
     j["text"] = text_source;
+    j["profile"] = profile_source;
     j["windows"] = rep->windows;
     j["context"] = rep->context;
     j["continuation"] = rep->continuation;
@@ -160,6 +170,7 @@ int RunEval(EvalArgs a) {
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
+  if (!a.quiet) std::fprintf(stderr, "cachegen eval: profile %s\n", profile_source.c_str());
   const auto& in = rep->info;
   std::printf("model %s: %u layers, %u KV heads x %u dims; %u windows of %u context + %u scored tokens; "
               "exact-KV perplexity %.4f\n",
@@ -183,6 +194,11 @@ const bool kRegistered = RegisterCommand(50, [](CLI::App& root) -> CommandRunner
   SetModelReader([](const std::string& gguf) -> Result<ModelKeyFacts> {
     CG_ASSIGN_OR_RETURN(auto model, LlamaModel::Load(gguf));
     return ModelKeyFacts{CodecRope(model->info()), model->info().kv_heads};
+  });
+  // Lets slot compress --model learn or read the model's automatic profile.
+  SetModelProfiler([](const std::string& gguf) -> Result<ModelProfileFacts> {
+    CG_ASSIGN_OR_RETURN(engine::AutoProfile p, AutoProfileFor("slot compress", gguf, 0, false));
+    return ModelProfileFacts{p.profile, p.source};
   });
   auto a = std::make_shared<EvalArgs>();
   CLI::App* sub = root.add_subcommand(
@@ -226,7 +242,9 @@ const bool kRegistered = RegisterCommand(50, [](CLI::App& root) -> CommandRunner
   sub->add_option("--recent-tokens", a->tuning.recent_tokens, "cachegen: most recent W tokens at finer precision");
   sub->add_option("--recent-step-scale", a->tuning.recent_step_scale, "cachegen: their step multiplier")
       ->check(CLI::Range(0.0, 1.0));
-  sub->add_option("--profile", a->profile, "cachegen: encode with this model profile (.cgprof)");
+  sub->add_option("--profile", a->profile,
+                  "cachegen: encode with this model profile (.cgprof); none: without one; default: the model's "
+                  "automatic profile (learned once from text the model writes itself, then read from the cache)");
   sub->add_flag("--json", a->json, "Print one JSON object");
   sub->add_option("--plot", a->plot, "Write the bits/value vs ΔPPL curves as a PNG (gnuplot)");
   sub->add_flag("-q,--quiet", a->quiet, "No progress on stderr");

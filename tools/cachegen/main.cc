@@ -106,6 +106,7 @@ struct DecodeArgs {
 };
 
 int RunDecode(const DecodeArgs& a) {
+  if (a.profile.empty()) RegisterAutomaticProfiles();
   if (!a.profile.empty()) {
     auto p = LoadProfileFile(a.profile);
     if (!p.ok()) return Fail(p.status());
@@ -260,7 +261,8 @@ int Main(int argc, char** argv) {
   dec->add_option("--level", da.level, "Quality level to decode (0 = best)")->capture_default_str();
   dec->add_option("--dtype", da.dtype, "Output dtype f32|f16|bf16 (default: the source dtype)");
   dec->add_option("--threads", da.threads, "Worker threads (0 = all cores)")->capture_default_str();
-  dec->add_option("--profile", da.profile, "Model profile the frames reference (.cgprof)");
+  dec->add_option("--profile", da.profile,
+                  "Model profile the frames reference (.cgprof; default: the automatic profiles cached here)");
 
   std::string inspect_path;
   bool inspect_json = false;

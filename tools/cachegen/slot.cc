@@ -10,6 +10,7 @@
 
 #include "cachegen/cli.h"
 #include "cachegen/command.h"
+#include "cachegen/profile.h"
 #include "engine/llama_slot_file.h"
 #include "kv/io.h"
 
@@ -32,8 +33,15 @@ int RunCompress(const SlotArgs& a) {
   if (!rope.ok()) return Fail(rope.status());
   CodecConfig codec = a.codec;
   codec.rope = *rope;
-  if (!a.profile.empty())
+  if (a.profile.empty() && !a.rope.model.empty() && codec.codec == "cachegen") {
+    Result<ModelProfileFacts> p = AutomaticModelProfile(a.rope.model);
+    if (!p.ok()) return Fail(p.status());
+    codec.profile = p->profile;
+    if (!a.quantizer_given) codec.quantizer = p->profile->quantizer().value_or(codec.quantizer);
+    std::fprintf(stderr, "cachegen slot compress: automatic profile %s\n", p->source.c_str());
+  } else if (!a.profile.empty() && a.profile != "none") {
     if (Status st = UseProfileFile(a.profile, a.quantizer_given, &codec); !st.ok()) return Fail(st);
+  }
   uint32_t kv_heads = a.kv_heads;
   if (kv_heads == 0 && !a.rope.model.empty()) {
     Result<ModelKeyFacts> m = ReadModelKeyFacts(a.rope.model);
@@ -70,8 +78,8 @@ int RunCompress(const SlotArgs& a) {
 int RunRestore(const SlotArgs& a) {
   Result<std::vector<uint8_t>> in = ReadFileBytes(a.input);
   if (!in.ok()) return Fail(in.status());
-  if (!a.profile.empty())
-    if (Result<std::shared_ptr<const Profile>> p = LoadProfileFile(a.profile); !p.ok()) return Fail(p.status());
+  if (a.profile.empty()) RegisterAutomaticProfiles();
+  else if (Result<std::shared_ptr<const Profile>> p = LoadProfileFile(a.profile); !p.ok()) return Fail(p.status());
   Result<std::vector<uint8_t>> out = engine::RestoreSlotFile(*in, a.level, a.threads);
   if (!out.ok()) {
     std::fprintf(stderr, "cachegen: error: '%s': %s\n", a.input.c_str(), out.status().message().c_str());
@@ -106,13 +114,15 @@ const bool kRegistered = RegisterCommand(30, [](CLI::App& root) -> CommandRunner
   AddRopeOptions(c, &a->rope, /*model_flag=*/true);
   AddQuantizerOption(c, &a->codec, &a->quantizer_given);
   c->add_option("--profile", a->profile,
-                "cachegen: code with this model profile (.cgprof; its quantizer too); restore needs it as well");
+                "cachegen: code with this model profile (.cgprof; its quantizer too); none: without one; default "
+                "with --model: the model's automatic profile (learned once from text the model writes itself)");
   CLI::App* r = slot->add_subcommand("restore", ".cgslot -> llama.cpp slot file");
   r->add_option("input", a->input, ".cgslot file")->required();
   r->add_option("-o,--output", a->output, "Slot file for llama-server's action=restore")->required();
   r->add_option("--level", a->level, "Quality level to decode (0 = best)")->capture_default_str();
   r->add_option("--threads", a->threads, "Decode threads (0 = all cores)")->capture_default_str();
-  r->add_option("--profile", a->profile, "The model profile the .cgslot was compressed with (.cgprof)");
+  r->add_option("--profile", a->profile,
+                "The model profile the .cgslot was compressed with (.cgprof; default: the automatic profiles cached here)");
   return [slot, c, r, a]() -> std::optional<int> {
     if (!*slot) return std::nullopt;
     if (*c) return RunCompress(*a);

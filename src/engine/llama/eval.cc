@@ -187,6 +187,7 @@ Result<EvalReport> RunEval(const EvalOptions& o) {
         add_rows(cfg, fmt::format("max-kl={:g}{}", k, suffix));
       }
     } else {
+      cfg.profile = nullptr;  // a model profile is the cachegen codec's; baselines run as they are
       specs.push_back({c, "default", "", cfg});
     }
   }

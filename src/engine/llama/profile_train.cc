@@ -33,7 +33,16 @@ std::vector<std::vector<float>> WeightGrams(const ModelProfileOptions& o, const 
 
 Result<ModelProfile> TrainModelProfile(const ModelProfileOptions& o) {
   CG_ASSIGN_OR_RETURN(std::shared_ptr<LlamaModel> model, LlamaModel::Load(o.model_path));
-  const auto windows = MakeWindows(*model, o.text, o.context + o.continuation + 1, o.skip + o.contexts);
+  const uint32_t length = o.context + o.continuation + 1;
+  std::vector<std::vector<int32_t>> windows;
+  if (o.windows.empty()) {
+    windows = MakeWindows(*model, o.text, length, o.skip + o.contexts);
+  } else {
+    for (const auto& w : o.windows) {
+      if (w.size() < length) return Status::InvalidArgument("a token window is shorter than context + continuation + 1");
+      if (windows.size() < size_t{o.skip} + o.contexts) windows.push_back(w);
+    }
+  }
   if (windows.size() <= o.skip)
     return Status::InvalidArgument("the text has no window of " + std::to_string(o.context) + " tokens after the " +
                                    std::to_string(o.skip) + " skipped");

@@ -20,6 +20,9 @@ namespace cachegen::engine {
 struct ModelProfileOptions {
   std::string model_path;
   std::string text;  // stories separated by lines "<|endoftext|>"
+  // Token windows to learn from instead of `text` (each at least context +
+  // continuation + 1 tokens, position 0 first); `skip` applies to them too.
+  std::vector<std::vector<int32_t>> windows;
   // Windows are cut as RunEval cuts them (context + continuation + 1 tokens),
   // so that skip = W skips exactly the text an eval of W windows scores; the
   // next `contexts` windows are learned from (fewer where the text ends).

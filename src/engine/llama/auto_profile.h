@@ -1,0 +1,52 @@
+// Model profiles without being asked for: the first time cachegen meets a
+// model without a profile (eval, slot compress --model, llama-serve), it
+// learns one from text the model writes itself, so that no user text is
+// needed and no text an eval scores is ever learned from, and keeps it in a
+// cache folder under the model's fingerprint, where later runs read it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cachegen/llama_engine.h"
+#include "cachegen/profile.h"
+#include "cachegen/status.h"
+#include "codec/cachegen/profile_cache.h"
+
+namespace cachegen::engine {
+
+struct AutoProfileOptions {
+  std::string model_path;
+  std::string cache_dir;  // empty: DefaultProfileCacheDir() (codec/cachegen/profile_cache.h)
+  uint32_t threads = 0;   // llama.cpp threads (0: its default)
+  std::function<void(const std::string&)> progress;  // one line per step; may be empty
+};
+
+struct AutoProfile {
+  std::shared_ptr<const Profile> profile;  // registered for decoders
+  std::string path;                        // its file in the cache folder
+  bool learned = false;                    // learned now (else read from the cache)
+  double seconds = 0;                      // spent learning or reading
+  // For the user: where it came from, e.g. "learned in 41.0 s from 8 windows
+  // of text the model wrote itself (kept in PATH)".
+  std::string source;
+};
+
+// The model's automatic profile: read from the cache folder when there (and
+// valid for the model), else learned (lloyd quantizer, RoPE undone, as
+// `profile train` with its defaults, on 8 windows of 384 + 128 tokens the
+// model samples itself) and written there atomically. A cache folder that
+// cannot be written costs only the saving (said in `source`).
+Result<AutoProfile> AutoModelProfile(const AutoProfileOptions& options);
+
+// `count` token windows of `length` tokens that the model writes itself:
+// BOS, then tokens sampled at temperature 1 from a generator seeded with
+// `seed` (an end-of-text token starts a new document with BOS).
+Result<std::vector<std::vector<int32_t>>> SampleModelWindows(const std::shared_ptr<LlamaModel>& model,
+                                                            uint32_t count, uint32_t length, uint64_t seed,
+                                                            uint32_t threads = 0);
+
+}  // namespace cachegen::engine
