@@ -58,6 +58,18 @@ struct ProfileTrainOptions {
   bool key_channel_classes = true;
 };
 
+// What a model's measured sensitivity curve holds (Profile::WithSensitivity).
+struct SensitivityCurve {
+  // Rising section steps (2 to 16 of them; empty: no curve) and, per section
+  // (row), the mean KL with that section alone quantized at each.
+  std::vector<float> steps, kl;
+  // The mean KL of an 8-bit cache on the same windows: llama.cpp's q8_0
+  // cache type where the model runs it, else every section coded by the q8
+  // codec; what "as faithful as an 8-bit cache" means on this model (0 = not
+  // measured).
+  float q8_kl = 0;
+};
+
 class Profile {
  public:
   // Validates a .cgprof (untrusted bytes: every field is checked, the
@@ -76,13 +88,11 @@ class Profile {
   // (layer l: 2l = K, 2l + 1 = V): mean KL of the next-token distributions per
   // unit of squared section step, finite and in [1e-30, 1e30]. The encoder's
   // rate control then allocates steps by them (docs/FORMAT.md ".cgprof").
-  // Optionally also the measured curve: the mean KL of every section (row
-  // per section) at each of `curve_steps` (2 to 16, rising), from which the
-  // encoder predicts KL at any step (format version 5); empty: none. The
-  // copy has another id.
+  // Optionally also the measured curve, from which the encoder predicts KL
+  // at any step, and the q8 reference KL (format version 5). The copy has
+  // another id.
   Result<std::shared_ptr<const Profile>> WithSensitivity(std::span<const float> per_section,
-                                                         std::span<const float> curve_steps = {},
-                                                         std::span<const float> curve_kl = {}) const;
+                                                         const SensitivityCurve& curve = {}) const;
 
   uint64_t id() const;  // XXH3-64 of the file before its checksum (the checksum itself)
   const std::vector<uint8_t>& bytes() const { return bytes_; }

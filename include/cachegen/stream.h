@@ -40,6 +40,10 @@ ChunkKey ChainRoot(std::string_view model_fingerprint, std::string_view codec_pr
 // (cachegen/profile.h): `codec_profile` with the id appended, so that chunks
 // coded with another model profile, or none, are other chunks.
 std::string WithModelProfile(std::string_view codec_profile, uint64_t id);
+// Where a store keeps a model's shared profile (.cgprof bytes at level 0), so
+// that every server of the model codes with one profile: H("cachegen-model-
+// profile-v1", fingerprint, settings), settings naming how it was learned.
+ChunkKey ModelProfileKey(std::string_view model_fingerprint, std::string_view settings);
 // key_i from key_{i-1} and chunk i's token ids.
 ChunkKey NextChunkKey(const ChunkKey& previous, std::span<const TokenId> tokens);
 // The keys of every chunk of `tokens` (ceil(size / chunk_tokens) keys; the last

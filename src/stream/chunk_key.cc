@@ -21,20 +21,30 @@ ChunkKey FromHash(const std::vector<uint8_t>& bytes) {
   return key;
 }
 
+// str(s) = u64 length ‖ bytes.
+void WriteStr(ByteWriter& w, std::string_view s) {
+  w.U64(s.size());
+  w.Bytes({reinterpret_cast<const uint8_t*>(s.data()), s.size()});
+}
+
 }  // namespace
 
 ChunkKey ChainRoot(std::string_view model_fingerprint, std::string_view codec_profile, uint32_t chunk_tokens) {
   std::vector<uint8_t> buf;
   ByteWriter w(&buf);
-  constexpr std::string_view kTag = "cachegen-chunk-root-v1";
-  auto str = [&](std::string_view s) {
-    w.U64(s.size());
-    w.Bytes({reinterpret_cast<const uint8_t*>(s.data()), s.size()});
-  };
-  str(kTag);
-  str(model_fingerprint);
-  str(codec_profile);
+  WriteStr(w, "cachegen-chunk-root-v1");
+  WriteStr(w, model_fingerprint);
+  WriteStr(w, codec_profile);
   w.U32(chunk_tokens);
+  return FromHash(buf);
+}
+
+ChunkKey ModelProfileKey(std::string_view model_fingerprint, std::string_view settings) {
+  std::vector<uint8_t> buf;
+  ByteWriter w(&buf);
+  WriteStr(w, "cachegen-model-profile-v1");
+  WriteStr(w, model_fingerprint);
+  WriteStr(w, settings);
   return FromHash(buf);
 }
 

@@ -43,6 +43,15 @@ TEST(ChunkKey, RootBindsModelProfileAndChunkSize) {
   EXPECT_EQ(ChainRoot("m", "p", 256), ChainRoot("m", "p", 256));
 }
 
+// A model's shared-profile key never names a chunk chain's root, and binds
+// the model and how the profile was learned.
+TEST(ChunkKey, ModelProfileKeyIsItsOwn) {
+  std::set<ChunkKey> keys = {ModelProfileKey("m", "auto2"), ModelProfileKey("m2", "auto2"),
+                             ModelProfileKey("m", "auto3"), ChainRoot("m", "auto2", 0)};
+  EXPECT_EQ(keys.size(), 4u);
+  EXPECT_EQ(ModelProfileKey("m", "auto2"), ModelProfileKey("m", "auto2"));
+}
+
 TEST(ChunkKey, KnownValueIsStable) {
   // Pins the byte layout of docs/SERVICE.md: changing it orphans stored chunks.
   const ChunkKey root = ChainRoot("model", "profile", 256);

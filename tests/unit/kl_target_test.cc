@@ -26,7 +26,7 @@ std::shared_ptr<const Profile> ProfileWith(std::vector<float> w, std::vector<flo
   auto p = Profile::Train(views, CodecConfig{}, o);
   EXPECT_TRUE(p.ok()) << p.status().ToString();
   if (!p.ok()) return nullptr;
-  auto q = (*p)->WithSensitivity(w, steps, kl);
+  auto q = (*p)->WithSensitivity(w, SensitivityCurve{steps, kl});
   EXPECT_TRUE(q.ok()) << q.status().ToString();
   if (!q.ok()) return nullptr;
   RegisterProfile(*q);

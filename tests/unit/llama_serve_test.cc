@@ -265,6 +265,47 @@ TEST_F(LlamaServeTest, ChunksCodedWithAProfileLoadUnderThatProfileOnly) {
   EXPECT_EQ(other->timings.cached_tokens, 0u);
 }
 
+// Deferred caching (llama-serve while it learns the model's automatic
+// profile): prompts are prefilled and nothing is stored until UseProfile;
+// then chunks are coded with the profile, under its keys, and load.
+TEST_F(LlamaServeTest, DeferredCachingStartsWhenAProfileArrives) {
+  LlamaServeOptions o = ProfileOptions(/*rope=*/true);
+  std::shared_ptr<const Profile> profile = o.codec.profile;
+  ASSERT_TRUE(profile);
+  o.codec.profile = nullptr;
+  o.defer_caching = true;
+  auto engine = Engine(o);
+  ASSERT_TRUE(engine);
+  EXPECT_FALSE(engine->caching());
+  EXPECT_NE(engine->MetricsText().find("cachegen_llama_caching 0\n"), std::string::npos);
+  ASSERT_TRUE(engine->Complete(0, Request(), Ignore).ok());
+  engine->FlushStores();
+  EXPECT_EQ(store_->stats().puts, 0u);
+  auto again = engine->Complete(0, Request(), Ignore);
+  ASSERT_TRUE(again.ok()) << again.status().message();
+  EXPECT_EQ(again->timings.cached_tokens, 0u);
+
+  ASSERT_TRUE(engine->UseProfile(profile, 0).ok());
+  EXPECT_TRUE(engine->caching());
+  EXPECT_NE(engine->MetricsText().find("cachegen_llama_caching 1\n"), std::string::npos);
+  const Stored first = CompleteAndStore(*engine, Request());
+  EXPECT_GT(store_->stats().puts, 0u);
+  LlamaServeOptions with = Options("cachegen", 2);
+  with.codec.profile = profile;
+  with.codec.quantizer = CodecConfig::Quantizer::kLloyd;
+  with.codec.rope = CodecRope(llama_->info());
+  auto same = Engine(with);  // the keys of an engine started with that profile
+  ASSERT_TRUE(same);
+  EXPECT_EQ(same->chain_root(), engine->chain_root());
+  auto second = engine->Complete(0, Request(), Ignore);
+  ASSERT_TRUE(second.ok()) << second.status().message();
+  EXPECT_GT(second->timings.cached_tokens, 0u);
+  // Without a profile (learning failed): the options' codec, other keys.
+  const ChunkKey with_profile = engine->chain_root();
+  ASSERT_TRUE(engine->UseProfile(nullptr, 0).ok());
+  EXPECT_NE(engine->chain_root(), with_profile);
+}
+
 // A profile the encoder cannot use on this model (learned with RoPE left in
 // the keys, while the engine undoes it) fails at start-up, not at every store.
 TEST_F(LlamaServeTest, AProfileThatDoesNotFitFailsAtStartUp) {

@@ -166,7 +166,7 @@ TEST(Profile, SensitivityCurveRoundTripsAndPredicts) {
   const std::vector<float> kl = {1e-4f, 4e-4f, 9e-4f,  // section 0
                                  1e-5f, 3e-5f, 2e-5f,  // section 1: a dip at step 2
                                  1e-3f, 4e-3f, 1.6e-2f, 1e-4f, 5e-4f, 2e-3f};
-  auto q = p->WithSensitivity(w, steps, kl);
+  auto q = p->WithSensitivity(w, SensitivityCurve{steps, kl, 2e-5f});
   ASSERT_TRUE(q.ok()) << q.status().ToString();
   EXPECT_EQ((*q)->bytes()[4], 5);
   EXPECT_EQ((*q)->bytes()[6] & 16, 16);
@@ -175,6 +175,7 @@ TEST(Profile, SensitivityCurveRoundTripsAndPredicts) {
   const internal::ProfileData& d = (*again)->data();
   EXPECT_EQ(d.curve_steps, steps);
   EXPECT_EQ(d.curve_kl, kl);
+  EXPECT_EQ(d.q8_kl, 2e-5f);
   EXPECT_NEAR(d.PredictedKl(0, 1), 4e-4, 1e-9);
   EXPECT_NEAR(d.PredictedKl(0, 0.25), 1e-4 / 4, 1e-10);       // below: ∝ step^2
   EXPECT_NEAR(d.PredictedKl(0, std::sqrt(2.0)), 6e-4, 1e-9);   // log-log between 4e-4 and 9e-4
@@ -190,18 +191,20 @@ TEST(Profile, SensitivityCurveRoundTripsAndPredicts) {
 
   // Invalid curves: one step, falling steps, a step of 0, a NaN or negative KL, a wrong count.
   const std::vector<float> one = {1}, falling = {1, 0.5f, 2}, zero = {0, 1, 2};
-  EXPECT_FALSE(p->WithSensitivity(w, one, std::vector<float>(4, 1e-4f)).ok());
-  EXPECT_FALSE(p->WithSensitivity(w, falling, kl).ok());
-  EXPECT_FALSE(p->WithSensitivity(w, zero, kl).ok());
+  EXPECT_FALSE(p->WithSensitivity(w, SensitivityCurve{one, std::vector<float>(4, 1e-4f)}).ok());
+  EXPECT_FALSE(p->WithSensitivity(w, SensitivityCurve{falling, kl}).ok());
+  EXPECT_FALSE(p->WithSensitivity(w, SensitivityCurve{zero, kl}).ok());
+  EXPECT_FALSE(p->WithSensitivity(w, SensitivityCurve{steps, kl, NAN}).ok());
+  EXPECT_FALSE(p->WithSensitivity(w, SensitivityCurve{{}, {}, 1e-5f}).ok());  // a q8 reference without a curve
   for (float bad : {NAN, -1.0f, INFINITY}) {
     std::vector<float> k = kl;
     k[5] = bad;
-    EXPECT_FALSE(p->WithSensitivity(w, steps, k).ok()) << bad;
+    EXPECT_FALSE(p->WithSensitivity(w, SensitivityCurve{steps, k}).ok()) << bad;
   }
-  EXPECT_FALSE(p->WithSensitivity(w, steps, std::vector<float>(kl.begin(), kl.end() - 1)).ok());
+  EXPECT_FALSE(p->WithSensitivity(w, SensitivityCurve{steps, std::vector<float>(kl.begin(), kl.end() - 1)}).ok());
   // Hostile bytes: resealed falling steps, a curve flag without sensitivities, and the rest.
   std::vector<uint8_t> v = (*q)->bytes();
-  const size_t first_step = v.size() - 8 - 4 * kl.size() - 4 * steps.size();
+  const size_t first_step = v.size() - 8 - 4 - 4 * kl.size() - 4 * steps.size();
   const float big = 8;
   std::memcpy(&v[first_step], &big, 4);
   EXPECT_EQ(Profile::Parse(Resealed(v)).status().code(), StatusCode::kCorrupt);

@@ -30,6 +30,7 @@ void PrintSensitivity(const engine::SensitivityReport& r) {
     for (double kl : r.kl[i]) std::printf(" %9.2e", kl);
     std::printf("   %18.3e  %11.3f\n", r.weights[i], f[i]);
   }
+  std::printf("8-bit reference, %s: mean KL %.3e\n", r.q8_source.c_str(), r.q8_kl);
 }
 
 int RunTrain(const ProfileArgs& a) {

@@ -3,7 +3,11 @@
 #include <csignal>
 #include <cstdio>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
+
+#include <fmt/format.h>
 
 #include "cachegen/cli.h"
 #include "cachegen/command.h"
@@ -11,6 +15,9 @@
 #include "cachegen/profile.h"
 #include "cachegen/service.h"
 #include "cachegen/store.h"
+#include "cachegen/stream.h"
+#include "codec/cachegen/profile_data.h"
+#include "engine/llama/auto_profile.h"
 #include "engine/llama/completion_engine.h"
 #include "kv/io.h"
 #include "serve/completion_server.h"
@@ -36,6 +43,73 @@ Result<std::pair<std::string, int>> ParseListen(const std::string& s) {
   return std::make_pair(s.substr(0, colon), std::stoi(port));
 }
 
+// The model's shared automatic profile in the store, when there and valid for the model.
+std::shared_ptr<const Profile> ReadSharedProfile(ChunkStore& store, const ChunkKey& key, const LlamaModelInfo& info) {
+  Result<std::vector<uint8_t>> bytes = store.Get(key, 0);
+  if (!bytes.ok()) return nullptr;
+  Result<std::shared_ptr<const Profile>> p = Profile::Parse(*bytes);
+  if (!p.ok() || (*p)->layers() != info.layers || (*p)->kv_heads() != info.kv_heads ||
+      (*p)->head_dim() != info.head_dim || (*p)->data().sensitivity.empty())
+    return nullptr;
+  RegisterProfile(*p);
+  return *p;
+}
+
+void ShareProfile(ChunkStore& store, const ChunkKey& key, const Profile& p) {
+  if (Status st = store.Put(key, 0, p.bytes()); !st.ok())
+    std::fprintf(stderr, "cachegen llama-serve: the profile could not be shared through the store: %s\n",
+                 st.message().c_str());
+}
+
+// Learns the model's automatic profile on its own thread and hands it to the
+// engine (caching starts then); Stop detaches a learner still at work, which
+// then touches nothing of the server's.
+class ProfileLearner {
+ public:
+  void Start(std::string model_path, LlamaCompletionEngine* engine, ChunkStore* store, ChunkKey key, double max_kl) {
+    thread_ = std::thread([s = state_, model_path, engine, store, key, max_kl] {
+      engine::AutoProfileOptions o;
+      o.model_path = model_path;
+      Result<engine::AutoProfile> p = engine::AutoModelProfile(o);
+      std::lock_guard lock(s->mu);
+      if (s->stopped) return;
+      if (!p.ok()) {
+        std::fprintf(stderr, "cachegen llama-serve: no automatic profile (%s): chunks are coded without one\n",
+                     p.status().message().c_str());
+        if (Status st = engine->UseProfile(nullptr, 0); !st.ok())
+          std::fprintf(stderr, "cachegen llama-serve: caching stays off: %s\n", st.message().c_str());
+        return;
+      }
+      ShareProfile(*store, key, *p->profile);
+      const double kl = max_kl > 0 ? max_kl : engine::DefaultBestLevelKl(*p->profile);
+      if (Status st = engine->UseProfile(p->profile, kl); !st.ok()) {
+        std::fprintf(stderr, "cachegen llama-serve: the automatic profile does not fit: %s\n", st.message().c_str());
+        return;
+      }
+      std::printf("cachegen llama-serve: profile %016llx %s; caching on, best level at predicted KL %.3g\n",
+                  static_cast<unsigned long long>(p->profile->id()), p->source.c_str(), kl);
+      std::fflush(stdout);
+    });
+  }
+  void Stop() {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard lock(state_->mu);
+      state_->stopped = true;
+    }
+    thread_.detach();
+  }
+  ~ProfileLearner() { Stop(); }
+
+ private:
+  struct State {
+    std::mutex mu;
+    bool stopped = false;
+  };
+  std::shared_ptr<State> state_ = std::make_shared<State>();
+  std::thread thread_;
+};
+
 Result<std::unique_ptr<ChunkStore>> OpenCache(const LlamaServeArgs& a) {
   if (!a.cache_server.empty()) {
     ClientOptions co;
@@ -50,8 +124,11 @@ Result<std::unique_ptr<ChunkStore>> OpenCache(const LlamaServeArgs& a) {
 int RunLlamaServe(LlamaServeArgs a) {
   Result<std::pair<std::string, int>> listen = ParseListen(a.listen);
   if (!listen.ok()) return Fail(listen.status());
-  if (!a.profile.empty())
+  const bool rate_given = a.engine.codec.bits_per_value > 0 || a.engine.codec.max_kl > 0;
+  if (!a.profile.empty() && a.profile != "none") {
     if (Status st = UseProfileFile(a.profile, /*quantizer_given=*/false, &a.engine.codec); !st.ok()) return Fail(st);
+    if (!rate_given) a.engine.codec.max_kl = engine::DefaultBestLevelKl(*a.engine.codec.profile);
+  }
   if (a.model.empty()) {
     Result<std::string> path = DefaultModelPath("llama-serve");
     if (!path.ok()) return Fail(path.status());
@@ -65,8 +142,40 @@ int RunLlamaServe(LlamaServeArgs a) {
   if (!fp.ok()) return Fail(fp.status());
   a.engine.model_fingerprint = *fp;
   a.engine.model_name = a.model.substr(a.model.find_last_of('/') + 1);
+  // The automatic profile: the store's shared one, else this machine's
+  // cached one (then shared), else learned in the background while requests
+  // are served without caching.
+  const bool auto_profile = a.profile.empty() && a.engine.codec.codec == "cachegen";
+  const ChunkKey profile_key = ModelProfileKey(*fp, engine::kAutoProfileSettings);
+  std::string profile_note = a.profile.empty() ? "" : a.profile;
+  if (auto_profile) {
+    std::shared_ptr<const Profile> p = ReadSharedProfile(**store, profile_key, (*model)->info());
+    profile_note = "automatic, shared through the store";
+    if (!p) {
+      engine::AutoProfileOptions o;
+      o.model_path = a.model;
+      if (Result<engine::AutoProfile> cached = engine::CachedModelProfile(o); cached.ok()) {
+        p = cached->profile;
+        profile_note = "automatic, " + cached->source;
+        ShareProfile(**store, profile_key, *p);
+      }
+    }
+    if (p) {
+      a.engine.codec.profile = p;
+      a.engine.codec.quantizer = p->quantizer().value_or(a.engine.codec.quantizer);
+      if (!rate_given) a.engine.codec.max_kl = engine::DefaultBestLevelKl(*p);
+    } else {
+      a.engine.defer_caching = true;
+    }
+  }
   Result<std::unique_ptr<LlamaCompletionEngine>> engine = LlamaCompletionEngine::Create(*model, store->get(), a.engine);
   if (!engine.ok()) return Fail(engine.status());
+  ProfileLearner learner;
+  if (a.engine.defer_caching) {
+    std::printf("cachegen llama-serve: learning this model's profile in the background (once per model); until it is "
+                "ready prompts are prefilled and not cached\n");
+    learner.Start(a.model, engine->get(), store->get(), profile_key, a.engine.codec.max_kl);
+  }
 
   serve::CompletionServerOptions so;
   so.host = listen->first;
@@ -89,12 +198,15 @@ int RunLlamaServe(LlamaServeArgs a) {
               (*model)->info().head_dim, so.host.c_str(), (*server)->port(), (*store)->uri().c_str(), a.engine.slots,
               a.engine.codec.chunk_tokens, a.engine.codec.levels, (*engine)->recompute_tokens_per_s());
   if (a.engine.codec.profile)
-    std::printf("cachegen llama-serve: chunks coded with profile %016llx (%s)\n",
-                static_cast<unsigned long long>(a.engine.codec.profile->id()), a.profile.c_str());
+    std::printf("cachegen llama-serve: chunks coded with profile %016llx (%s)%s\n",
+                static_cast<unsigned long long>(a.engine.codec.profile->id()), profile_note.c_str(),
+                a.engine.codec.max_kl > 0 ? fmt::format(", best level at predicted KL {:.3g}", a.engine.codec.max_kl).c_str()
+                                          : "");
   std::fflush(stdout);
   int sig = 0;
   sigwait(&sigs, &sig);
   (*server)->Stop();
+  learner.Stop();
   (*engine)->FlushStores();
   return 0;
 }
@@ -126,14 +238,16 @@ const bool kRegistered = RegisterCommand(50, [](CLI::App& root) -> CommandRunner
   sub->add_option("--levels", a->engine.codec.levels, "Quality levels stored per chunk")->capture_default_str();
   auto* ob = sub->add_option("--bits", a->engine.codec.bits_per_value, "Bits per value of the best level (0 = codec default)");
   auto* ok = sub->add_option("--max-kl", a->engine.codec.max_kl,
-                             "Predicted KL of the best level (each next level: 3.16x more); needs --profile with sensitivities")
+                             "Predicted KL of the best level (each next level: 3.16x more); default with a profile: half "
+                             "the KL of the q8 codec on this model, measured when the profile was learned")
                  ->check(Positive());
   ob->excludes(ok);
   ok->excludes(ob);
   sub->add_option("--codec", a->engine.codec.codec, "Codec of stored chunks")->capture_default_str();
   sub->add_option("--profile", a->profile,
                   "cachegen: code stored chunks with this model profile (.cgprof from `profile train` on this model; "
-                  "its quantizer too)");
+                  "its quantizer too); none: without one; default: the model's automatic profile (from the store, "
+                  "else this machine's cache, else learned in the background, then shared through the store)");
   sub->add_option("--max-tokens", a->max_tokens, "Largest max_tokens a request may ask for")->capture_default_str();
   sub->add_flag("!--no-store-new", a->engine.store_new_chunks, "Do not store new chunks after prefill");
   sub->add_flag("!--no-rope", a->engine.rope_keys, "Store keys as cached (post-RoPE); default: RoPE undone before coding");

@@ -112,6 +112,7 @@ std::vector<uint8_t> Serialize(const internal::ProfileData& d) {
     w.U8(static_cast<uint8_t>(d.curve_steps.size()));
     for (float v : d.curve_steps) w.F32(v);
     for (float v : d.curve_kl) w.F32(v);
+    w.F32(d.q8_kl);
   }
   w.U64(Checksum64(out));
   return out;
@@ -131,12 +132,14 @@ bool ValidCurve(std::span<const float> steps, std::span<const float> kl, uint32_
 Status ParseCurve(ByteReader& r, internal::ProfileData* d) {
   const uint32_t points = r.U8(), sections = d->layers * 2;
   if (!r.ok() || points < 2 || points > kMaxCurvePoints) return Bad("invalid sensitivity curve length");
-  if (r.remaining() < (uint64_t{points} * (sections + 1)) * 4) return Bad("truncated sensitivity curve");
+  if (r.remaining() < (uint64_t{points} * (sections + 1) + 1) * 4) return Bad("truncated sensitivity curve");
   d->curve_steps.resize(points);
   for (float& v : d->curve_steps) v = r.F32();
   d->curve_kl.resize(size_t{points} * sections);
   for (float& v : d->curve_kl) v = r.F32();
   if (!ValidCurve(d->curve_steps, d->curve_kl, sections)) return Bad("invalid sensitivity curve values");
+  d->q8_kl = r.F32();
+  if (!(d->q8_kl >= 0 && d->q8_kl <= kMaxSensitivity)) return Bad("invalid q8 reference KL");
   return Status::Ok();
 }
 
@@ -636,20 +639,22 @@ Result<std::shared_ptr<const Profile>> Profile::Train(std::span<const KVView> co
 }
 
 Result<std::shared_ptr<const Profile>> Profile::WithSensitivity(std::span<const float> per_section,
-                                                                std::span<const float> curve_steps,
-                                                                std::span<const float> curve_kl) const {
+                                                                const SensitivityCurve& curve) const {
   if (per_section.size() != size_t{data_->layers} * 2)
     return Status::InvalidArgument("profile: " + std::to_string(per_section.size()) + " sensitivities for " +
                                    std::to_string(data_->layers * 2) + " sections");
   for (float v : per_section)
     if (!(v >= kMinSensitivity && v <= kMaxSensitivity))
       return Status::InvalidArgument("profile: sensitivity " + std::to_string(v) + " out of range");
-  if (!curve_steps.empty() && !ValidCurve(curve_steps, curve_kl, data_->layers * 2))
+  if (!curve.steps.empty() && !ValidCurve(curve.steps, curve.kl, data_->layers * 2))
     return Status::InvalidArgument("profile: invalid sensitivity curve (2 to 16 rising positive steps, KL finite and >= 0)");
+  if (!(curve.q8_kl >= 0 && curve.q8_kl <= kMaxSensitivity) || (curve.q8_kl > 0 && curve.steps.empty()))
+    return Status::InvalidArgument("profile: the q8 reference KL must be finite, >= 0, and come with a curve");
   internal::ProfileData d = *data_;
   d.sensitivity.assign(per_section.begin(), per_section.end());
-  d.curve_steps.assign(curve_steps.begin(), curve_steps.end());
-  d.curve_kl.assign(curve_kl.begin(), curve_kl.end());
+  d.curve_steps = curve.steps;
+  d.curve_kl = curve.kl;
+  d.q8_kl = curve.q8_kl;
   return Parse(Serialize(d));
 }
 

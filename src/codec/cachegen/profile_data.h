@@ -44,6 +44,7 @@ struct ProfileData {
   // at rising steps: curve_kl[section * curve_steps.size() + p] at
   // curve_steps[p]. PredictedKl reads it.
   std::vector<float> curve_steps, curve_kl;
+  float q8_kl = 0;  // SensitivityCurve::q8_kl (with a curve only); 0 = not measured
   // Per section: empty, or per KV head an orthonormal D x D matrix U
   // (head_transform.h; format version 3): the section is coded as U^T x.
   // transform_t holds the transposes (for decoders), made on parse.

@@ -21,9 +21,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// What an automatic profile is learned from; part of its file name, so that
-// a change here learns anew instead of reading profiles made otherwise.
-constexpr const char* kAutoSettings = "auto1";
+// What an automatic profile is learned from (a change here must change
+// kAutoProfileSettings, so that profiles made otherwise are not read).
 constexpr uint32_t kAutoWindows = 8, kAutoContext = 384, kAutoContinuation = 128;
 constexpr uint64_t kAutoSeed = 0x6361636865676e31;  // fixed: the same model learns the same profile
 
@@ -36,7 +35,7 @@ std::string FileNameOf(const std::string& fingerprint) {
   std::string s = fingerprint;
   for (char& c : s)
     if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-') c = '_';
-  return s + "-" + kAutoSettings + ".cgprof";
+  return s + "-" + kAutoProfileSettings + ".cgprof";
 }
 
 // A cached profile, when the file holds a valid one that fits the model.
@@ -81,7 +80,27 @@ int32_t SampleToken(std::span<const float> logits, double u) {
   return static_cast<int32_t>(logits.size() - 1);
 }
 
+// The cache file of the model at `model_path`, and the cached profile when
+// valid (else null).
+Result<AutoProfile> LookUpCache(const AutoProfileOptions& o, const std::shared_ptr<LlamaModel>& model,
+                                std::chrono::steady_clock::time_point t0) {
+  CG_ASSIGN_OR_RETURN(const std::string fingerprint, ModelFingerprint(o.model_path, model->info()));
+  AutoProfile out;
+  out.path = (fs::path(o.cache_dir.empty() ? DefaultProfileCacheDir() : o.cache_dir) / FileNameOf(fingerprint)).string();
+  if ((out.profile = ReadCached(out.path, model->info()))) {
+    RegisterProfile(out.profile);
+    out.seconds = SecondsSince(t0);
+    out.source = "read from " + out.path + " (learned earlier from text the model wrote itself)";
+  }
+  return out;
+}
+
 }  // namespace
+
+double DefaultBestLevelKl(const Profile& profile) {
+  constexpr double kShareOfQ8Kl = 0.5;
+  return kShareOfQ8Kl * profile.data().q8_kl;
+}
 
 Result<std::vector<std::vector<int32_t>>> SampleModelWindows(const std::shared_ptr<LlamaModel>& model,
                                                             uint32_t count, uint32_t length, uint64_t seed,
@@ -108,18 +127,19 @@ Result<std::vector<std::vector<int32_t>>> SampleModelWindows(const std::shared_p
   return windows;
 }
 
+Result<AutoProfile> CachedModelProfile(const AutoProfileOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  CG_ASSIGN_OR_RETURN(std::shared_ptr<LlamaModel> model, LlamaModel::Load(o.model_path));
+  CG_ASSIGN_OR_RETURN(AutoProfile out, LookUpCache(o, model, t0));
+  if (!out.profile) return Status::NotFound("no automatic profile of this model in " + out.path);
+  return out;
+}
+
 Result<AutoProfile> AutoModelProfile(const AutoProfileOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   CG_ASSIGN_OR_RETURN(std::shared_ptr<LlamaModel> model, LlamaModel::Load(o.model_path));
-  CG_ASSIGN_OR_RETURN(const std::string fingerprint, ModelFingerprint(o.model_path, model->info()));
-  AutoProfile out;
-  out.path = (fs::path(o.cache_dir.empty() ? DefaultProfileCacheDir() : o.cache_dir) / FileNameOf(fingerprint)).string();
-  if ((out.profile = ReadCached(out.path, model->info()))) {
-    RegisterProfile(out.profile);
-    out.seconds = SecondsSince(t0);
-    out.source = "read from " + out.path + " (learned earlier from text the model wrote itself)";
-    return out;
-  }
+  CG_ASSIGN_OR_RETURN(AutoProfile out, LookUpCache(o, model, t0));
+  if (out.profile) return out;
   if (o.progress) o.progress("profile: learning this model's profile from text it writes itself (once per model)");
   ModelProfileOptions po;
   po.model_path = o.model_path;

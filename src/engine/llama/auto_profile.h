@@ -35,12 +35,28 @@ struct AutoProfile {
   std::string source;
 };
 
+// How automatic profiles are learned (part of their file names and store
+// keys: profiles learned otherwise are other profiles).
+inline constexpr const char* kAutoProfileSettings = "auto2";
+
+// The model's automatic profile from the cache folder only: kNotFound when
+// it has none (or none valid for the model) yet.
+Result<AutoProfile> CachedModelProfile(const AutoProfileOptions& options);
+
 // The model's automatic profile: read from the cache folder when there (and
 // valid for the model), else learned (lloyd quantizer, RoPE undone, as
 // `profile train` with its defaults, on 8 windows of 384 + 128 tokens the
 // model samples itself) and written there atomically. A cache folder that
 // cannot be written costs only the saving (said in `source`).
 Result<AutoProfile> AutoModelProfile(const AutoProfileOptions& options);
+
+// The best quality level's KL target when none is given (llama-serve and
+// its benchmarks): half the KL of an 8-bit cache on this model
+// (SensitivityCurve::q8_kl, measured when the profile was learned), so that
+// the best level is at least as faithful as llama.cpp's q8_0 cache with room
+// for the prediction's error (docs/EVAL.md); 0 when the profile did not
+// measure it (callers keep their bits default).
+double DefaultBestLevelKl(const Profile& profile);
 
 // `count` token windows of `length` tokens that the model writes itself:
 // BOS, then tokens sampled at temperature 1 from a generator seeded with

@@ -134,17 +134,12 @@ Result<std::unique_ptr<LlamaCompletionEngine>> LlamaCompletionEngine::Create(std
     if (!ctx.ok()) return ctx.status();
     e->contexts_.push_back(std::move(*ctx));
   }
-  Result<Encoder> enc = Encoder::Create(e->options_.codec);
-  if (!enc.ok()) return enc.status();
-  e->encoder_ = std::make_unique<Encoder>(std::move(*enc));
-  if (const auto& profile = e->options_.codec.profile) {
-    CG_RETURN_IF_ERROR(CheckEncoderFitsModel(*e->encoder_, e->model_->info()));
-    RegisterProfile(profile);  // the stream client's decoder finds it by id
-  }
-  e->model_name_ = options.model_name.empty() ? e->model_->info().architecture : options.model_name;
   if (store && options.model_fingerprint.empty())
     return Status::InvalidArgument("a model fingerprint is needed to address stored chunks");
-  e->root_ = ChainRoot(options.model_fingerprint, CodecProfile(e->options_.codec), options.codec.chunk_tokens);
+  if (!options.defer_caching) {
+    CG_ASSIGN_OR_RETURN(e->coding_, MakeCoding(e->model_->info(), e->options_, e->options_.codec));
+  }
+  e->model_name_ = options.model_name.empty() ? e->model_->info().architecture : options.model_name;
   e->recompute_tokens_per_s_ = options.recompute_tokens_per_s;
   if (e->recompute_tokens_per_s_ <= 0) {
     Status st = e->MeasurePrefillSpeed();
@@ -157,6 +152,47 @@ Result<std::unique_ptr<LlamaCompletionEngine>> LlamaCompletionEngine::Create(std
   }
   e->store_thread_ = std::thread([p = e.get()] { p->StoreWorker(); });
   return e;
+}
+
+Result<std::shared_ptr<const LlamaCompletionEngine::ChunkCoding>> LlamaCompletionEngine::MakeCoding(
+    const LlamaModelInfo& info, const LlamaServeOptions& o, const CodecConfig& codec) {
+  auto c = std::make_shared<ChunkCoding>();
+  c->codec = codec;
+  CG_ASSIGN_OR_RETURN(Encoder enc, Encoder::Create(codec));
+  c->encoder = std::make_unique<Encoder>(std::move(enc));
+  if (codec.profile) {
+    CG_RETURN_IF_ERROR(CheckEncoderFitsModel(*c->encoder, info));
+    RegisterProfile(codec.profile);  // the stream client's decoder finds it by id
+  }
+  c->root = ChainRoot(o.model_fingerprint, CodecProfile(codec), codec.chunk_tokens);
+  return std::shared_ptr<const ChunkCoding>(std::move(c));
+}
+
+std::shared_ptr<const LlamaCompletionEngine::ChunkCoding> LlamaCompletionEngine::Coding() const {
+  std::lock_guard lock(coding_mu_);
+  return coding_;
+}
+
+ChunkKey LlamaCompletionEngine::chain_root() const {
+  const auto c = Coding();
+  return c ? c->root : ChunkKey{};
+}
+
+Status LlamaCompletionEngine::UseProfile(std::shared_ptr<const Profile> profile, double max_kl) {
+  CodecConfig codec = options_.codec;
+  if (profile) {
+    codec.profile = profile;
+    codec.quantizer = profile->quantizer().value_or(codec.quantizer);
+  }
+  if (profile && max_kl > 0) {
+    codec.max_kl = max_kl;
+    codec.bits_per_value = 0;
+    codec.level_bits.clear();
+  }
+  CG_ASSIGN_OR_RETURN(std::shared_ptr<const ChunkCoding> c, MakeCoding(model_->info(), options_, codec));
+  std::lock_guard lock(coding_mu_);
+  coding_ = std::move(c);
+  return Status::Ok();
 }
 
 LlamaCompletionEngine::~LlamaCompletionEngine() {
@@ -212,7 +248,9 @@ Result<CapturedKV> LlamaCompletionEngine::Capture(uint32_t slot) {
 
 Result<PutStats> LlamaCompletionEngine::StoreContext(std::span<const int32_t> tokens, const KVView& kv) {
   if (!store_) return Status::InvalidArgument("no store to put chunks in");
-  return PutContext(*store_, root_, tokens, kv, *encoder_);
+  const auto coding = Coding();
+  if (!coding) return Status::Unsupported("caching is deferred until the model's profile is ready");
+  return PutContext(*store_, coding->root, tokens, kv, *coding->encoder);
 }
 
 Result<std::vector<int32_t>> LlamaCompletionEngine::PromptTokens(const serve::CompletionRequest& req) const {
@@ -275,7 +313,8 @@ Result<PrefillResult> LlamaCompletionEngine::Prefill(uint32_t slot, std::span<co
   uint32_t prefix = 0;    // tokens in the sequence, contiguous from token 0
   uint32_t injected = 0;  // of them, the tokens whose KV came from the store
   double gap_ms = 0;      // evaluating chunks that were not delivered
-  if (store_ && cacheable > 0) {
+  const std::shared_ptr<const ChunkCoding> coding = Coding();
+  if (store_ && coding && cacheable > 0) {
     Status inject_status;
     StreamOptions so;
     // The TTFT target less what follows the transfer (the uncached tail's
@@ -296,7 +335,7 @@ Result<PrefillResult> LlamaCompletionEngine::Prefill(uint32_t slot, std::span<co
     // Each chunk goes into the sequence as it arrives (in chunk order), while
     // the next ones are still on the wire or being decoded.
     Result<StreamResult> r = stream_client_->FetchTokens(
-        root_, tokens.first(cacheable * T), T, so, [&](const StreamedChunk& c) {
+        coding->root, tokens.first(cacheable * T), T, so, [&](const StreamedChunk& c) {
           t.levels.push_back(c.level);
           if (!inject_status.ok()) return;
           const uint32_t start = c.index * T;
@@ -343,7 +382,7 @@ Result<PrefillResult> LlamaCompletionEngine::Prefill(uint32_t slot, std::span<co
   if (!st.ok()) return st;
 
   const uint32_t whole = static_cast<uint32_t>(tokens.size() / T);
-  if (store_ && options_.store_new_chunks && whole * T > injected) {
+  if (store_ && coding && options_.store_new_chunks && whole * T > injected) {
     Result<CapturedKV> cap = ctx.Capture(0);
     if (cap.ok()) EnqueueStore(std::vector<int32_t>(tokens.begin(), tokens.begin() + whole * T), std::move(*cap));
   }
@@ -418,7 +457,9 @@ void LlamaCompletionEngine::StoreWorker() {
     store_busy_ = true;
     lock.unlock();
     const KVView kv = job.captured.kv.view().Tokens(0, static_cast<uint32_t>(job.tokens.size()));
-    Result<PutStats> put = PutContext(*store_, root_, job.tokens, kv, *encoder_);
+    const auto coding = Coding();
+    Result<PutStats> put = coding ? PutContext(*store_, coding->root, job.tokens, kv, *coding->encoder)
+                                  : Status::Unsupported("caching is deferred");
     lock.lock();
     store_busy_ = false;
     if (put.ok()) {
@@ -459,8 +500,10 @@ void LlamaCompletionEngine::FlushStores() {
 }
 
 std::string LlamaCompletionEngine::MetricsText() const {
+  const bool caching = Coding() != nullptr;
   std::lock_guard lock(store_mu_);
-  return "# TYPE cachegen_llama_stored_chunks_total counter\ncachegen_llama_stored_chunks_total " +
+  return std::string("# TYPE cachegen_llama_caching gauge\ncachegen_llama_caching ") + (caching ? "1" : "0") +
+         "\n# TYPE cachegen_llama_stored_chunks_total counter\ncachegen_llama_stored_chunks_total " +
          std::to_string(stored_chunks_) + "\n# TYPE cachegen_llama_stored_bytes_total counter\n" +
          "cachegen_llama_stored_bytes_total " + std::to_string(stored_bytes_) +
          "\n# TYPE cachegen_llama_store_errors_total counter\ncachegen_llama_store_errors_total " +

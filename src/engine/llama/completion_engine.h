@@ -58,6 +58,10 @@ struct LlamaServeOptions {
   uint32_t inflight = 4;           // chunk requests in flight
   uint32_t decode_threads = 0;     // 0: all cores
   int fixed_level = -1;            // >= 0: always fetch this level (benchmarks' fixed-level clients)
+  // Start without a chunk coding: no lookups and no stores (every prompt is
+  // prefilled) until UseProfile gives one, e.g. once an automatic profile
+  // has been learned in the background.
+  bool defer_caching = false;
 };
 
 // The TTFT part of a request.
@@ -97,7 +101,17 @@ class LlamaCompletionEngine final : public serve::CompletionEngine {
   // (what the background worker does after a prefill); chunks already stored are skipped.
   Result<PutStats> StoreContext(std::span<const int32_t> tokens, const KVView& kv);
 
-  const ChunkKey& chain_root() const { return root_; }
+  // Codes and addresses chunks with `profile` from now on (options' codec
+  // with the profile, its quantizer, and max_kl when > 0 in place of any bits
+  // target; null: the options' codec as it is); requests in flight finish
+  // with the previous coding. Fails, keeping the previous coding, when the
+  // profile does not fit the model.
+  Status UseProfile(std::shared_ptr<const Profile> profile, double max_kl);
+  // Whether chunks are looked up and stored (false while defer_caching waits).
+  bool caching() const { return Coding() != nullptr; }
+
+  // The key chain's root of the current coding (a zero key while deferred).
+  ChunkKey chain_root() const;
   double recompute_tokens_per_s() const { return recompute_tokens_per_s_; }
   // Time to evaluate one token (the last prompt token when the rest is
   // cached): what a TTFT target must leave after the transfer.
@@ -117,8 +131,17 @@ class LlamaCompletionEngine final : public serve::CompletionEngine {
   ChunkStore* store_ = nullptr;
   std::unique_ptr<StreamClient> stream_client_;  // one for every request: it reuses decoded tensors
   LlamaServeOptions options_;
-  std::unique_ptr<Encoder> encoder_;
-  ChunkKey root_;
+  // How chunks are coded and addressed: replaced whole by UseProfile.
+  struct ChunkCoding {
+    CodecConfig codec;
+    ChunkKey root;
+    std::unique_ptr<Encoder> encoder;
+  };
+  static Result<std::shared_ptr<const ChunkCoding>> MakeCoding(const LlamaModelInfo& info, const LlamaServeOptions& o,
+                                                               const CodecConfig& codec);
+  std::shared_ptr<const ChunkCoding> Coding() const;
+  mutable std::mutex coding_mu_;
+  std::shared_ptr<const ChunkCoding> coding_;  // null while caching is deferred
   std::string model_name_;
   double recompute_tokens_per_s_ = 0;
   double token_eval_ms_ = 0;

@@ -87,10 +87,13 @@ Result<ModelProfile> TrainModelProfile(const ModelProfileOptions& o) {
   const SensitivityOptions so{o.context, o.continuation, o.sensitivity_steps, o.threads, o.progress};
   CG_ASSIGN_OR_RETURN(out.sensitivity,
                       MeasureSensitivity(model, std::span(windows).subspan(o.skip), *out.profile, cfg, so));
-  std::vector<float> curve_steps(out.sensitivity->steps.begin(), out.sensitivity->steps.end()), curve_kl;
-  for (const std::vector<double>& row : out.sensitivity->kl) curve_kl.insert(curve_kl.end(), row.begin(), row.end());
-  if (curve_steps.size() < 2) curve_steps.clear(), curve_kl.clear();  // a curve needs two points
-  CG_ASSIGN_OR_RETURN(out.profile, out.profile->WithSensitivity(out.sensitivity->weights, curve_steps, curve_kl));
+  SensitivityCurve curve;
+  if (out.sensitivity->steps.size() >= 2) {  // a curve needs two points
+    curve.steps.assign(out.sensitivity->steps.begin(), out.sensitivity->steps.end());
+    for (const std::vector<double>& row : out.sensitivity->kl) curve.kl.insert(curve.kl.end(), row.begin(), row.end());
+    curve.q8_kl = static_cast<float>(out.sensitivity->q8_kl);
+  }
+  CG_ASSIGN_OR_RETURN(out.profile, out.profile->WithSensitivity(out.sensitivity->weights, curve));
   return out;
 }
 

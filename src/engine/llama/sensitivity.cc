@@ -77,8 +77,20 @@ Result<SensitivityReport> MeasureSensitivity(const std::shared_ptr<LlamaModel>& 
   CG_ASSIGN_OR_RETURN(auto ctx, LlamaContext::Create(model, co));
   const bool lloyd = config.quantizer == CodecConfig::Quantizer::kLloyd;
 
+  // The 8-bit reference: llama.cpp's own q8_0 cache where the model runs it
+  // (a head dim that 32 divides; flash attention, as llama.cpp needs for a
+  // quantized V), else the q8 codec on the captured KV.
+  LlamaContextOptions qo = co;
+  qo.cache_type = "q8_0";
+  qo.flash_attn = 1;
+  Result<std::unique_ptr<LlamaContext>> q8_ctx = LlamaContext::Create(model, qo);
+  CodecConfig q8;
+  q8.codec = "q8";
+  CG_ASSIGN_OR_RETURN(const Encoder q8_encoder, Encoder::Create(q8));
+
   SensitivityReport rep;
   rep.steps = o.steps;
+  rep.q8_source = q8_ctx.ok() ? "llama.cpp's q8_0 cache" : "the q8 codec (the model cannot run llama.cpp's q8_0 cache)";
   rep.kl.assign(sections, std::vector<double>(o.steps.size(), 0));
   uint64_t scored = 0;
   std::vector<std::vector<float>> exact, got;
@@ -93,6 +105,20 @@ Result<SensitivityReport> MeasureSensitivity(const std::shared_ptr<LlamaModel>& 
     // The exact KV goes through the same inject path as the quantized ones.
     CG_RETURN_IF_ERROR(ctx->Inject(0, cap.kv.view(), cap.positions));
     CG_RETURN_IF_ERROR(TeacherForcedLogProbs(*ctx, w, N, M, &exact));
+    if (q8_ctx.ok()) {  // the 8-bit reference
+      LlamaContext& q = **q8_ctx;
+      q.Clear();
+      CG_RETURN_IF_ERROR(q.Eval(std::span<const int32_t>(w).first(N), 0));
+      CG_RETURN_IF_ERROR(TeacherForcedLogProbs(q, w, N, M, &got));
+      rep.q8_kl += MeanKL(exact, got);
+    } else {
+      CG_ASSIGN_OR_RETURN(const std::vector<uint8_t> bytes, q8_encoder.Encode(cap.kv.view()));
+      CG_ASSIGN_OR_RETURN(const Decoder dec, Decoder::Open(bytes));
+      CG_ASSIGN_OR_RETURN(const KVTensor coded, dec.Decode(cap.kv.dtype()));
+      CG_RETURN_IF_ERROR(ctx->Inject(0, coded.view(), cap.positions));
+      CG_RETURN_IF_ERROR(TeacherForcedLogProbs(*ctx, w, N, M, &got));
+      rep.q8_kl += MeanKL(exact, got);
+    }
     KVTensor work = cap.kv;
     for (uint32_t sec = 0; sec < sections; ++sec) {
       for (size_t si = 0; si < o.steps.size(); ++si) {
@@ -107,6 +133,7 @@ Result<SensitivityReport> MeasureSensitivity(const std::shared_ptr<LlamaModel>& 
     scored += M;
     if (o.progress) o.progress(fmt::format("sensitivity: window {}/{} done", wi + 1, windows.size()));
   }
+  rep.q8_kl /= double(scored);
   rep.weights.resize(sections);
   for (uint32_t sec = 0; sec < sections; ++sec) {
     // The weights fit the high-rate steps (<= 1) when there are any: coarser

@@ -40,6 +40,10 @@ struct SensitivityReport {
   // steps up to 1 (all of them when none is) (the high-rate model KL ≈ w
   // step^2, fitted in relative terms).
   std::vector<float> weights;
+  // The mean KL of an 8-bit cache (SensitivityCurve::q8_kl) and which one:
+  // llama.cpp's q8_0 cache where the model runs it, else the q8 codec.
+  double q8_kl = 0;
+  std::string q8_source;
 };
 
 // Measures every section of `model` on `windows` (token windows of at least
