@@ -193,6 +193,14 @@ print("eval json ok:", len(d["rows"]), "rows")' "$tmp/eval.json"
     --bits 2 --windows 1 --context 64 --continuation 16 --greedy 4 --quiet --json >"$tmp/eval_profile.json"
   # Profiles are trained for the learned quantizer by default; eval takes a profile's quantizer when --quantizer is not given.
   python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); assert [r for r in d["rows"] if r["codec"] == "cachegen" and r["setting"].endswith("profile lloyd")], d["rows"]; print("profile train ok")' "$tmp/eval_profile.json"
+  # A KL target: the row's predicted KL is the target (the profile measured sensitivities).
+  build/cachegen eval --model "$tmp/tiny.gguf" --text "$tmp/stories.txt" --profile "$tmp/tiny.cgprof" --codecs cachegen \
+    --bits 2 --max-kl 1e-3 --windows 1 --context 64 --continuation 16 --greedy 4 --quiet --json >"$tmp/eval_kl.json"
+  python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); r = [r for r in d["rows"] if r["setting"].startswith("max-kl=0.001")][0]; assert abs(r["predicted_kl"] / 1e-3 - 1) < 1e-3, r; print("max-kl ok")' "$tmp/eval_kl.json"
+  # capture: a model's own KV, whose RoPE bench reads from the file's metadata.
+  build/cachegen capture --model "$tmp/tiny.gguf" --text "$tmp/stories.txt" --context 64 -o "$tmp/cap.safetensors" >/dev/null
+  build/cachegen bench "$tmp/cap.safetensors" --codecs cachegen --reps 1 --json >"$tmp/cap_bench.json"
+  python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); assert d["codecs"][0]["status"] == "ok", d; print("capture ok")' "$tmp/cap_bench.json"
   build/cachegen profile train --model "$tmp/tiny.gguf" --text "$tmp/stories.txt" -o "$tmp/tiny-uniform.cgprof" \
     --contexts 2 --context-tokens 64 --continuation 16 --quantizer uniform >/dev/null 2>&1
   build/cachegen eval --model "$tmp/tiny.gguf" --text "$tmp/stories.txt" --profile "$tmp/tiny-uniform.cgprof" --codecs cachegen \

@@ -360,11 +360,12 @@ Result<KVTensor> ParseSafetensors(std::span<const uint8_t> b) {
   return t;
 }
 
-std::vector<uint8_t> SerializeSafetensors(const KVTensor& t) {
+std::vector<uint8_t> SerializeSafetensors(const KVTensor& t, const KVMetadata& metadata = {}) {
   const KVShape& s = t.shape();
   const uint64_t sec_bytes = uint64_t{s.tokens} * s.channels() * DTypeSize(t.dtype());
   nlohmann::json j = nlohmann::json::object();
   j["__metadata__"] = {{"format", "cachegen-kv"}};
+  for (const auto& [k, v] : metadata) j["__metadata__"][k] = v;
   for (uint32_t l = 0; l < s.layers; ++l)
     for (int kv = 0; kv < 2; ++kv) {
       const uint64_t begin = (uint64_t{l} * 2 + static_cast<uint64_t>(kv)) * sec_bytes;
@@ -485,6 +486,29 @@ Status WriteKV(const std::string& path, const KVTensor& tensor) {
   CG_ASSIGN_OR_RETURN(KVFileFormat format, KVFileFormatFromPath(path));
   CG_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, SerializeKV(tensor, format));
   return WriteFileBytes(path, bytes);
+}
+
+Status WriteSafetensors(const std::string& path, const KVTensor& tensor, const KVMetadata& metadata) {
+  return WriteFileBytes(path, SerializeSafetensors(tensor, metadata));
+}
+
+Result<KVMetadata> ReadSafetensorsMetadata(const std::string& path) {
+  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
+  if (!f) return Status::IOError("cannot open '" + path + "': " + std::strerror(errno));
+  uint8_t len[8];
+  if (std::fread(len, 1, 8, f.get()) != 8) return Status::InvalidArgument("safetensors: truncated header");
+  const uint64_t n = LoadU64(len);
+  constexpr uint64_t kMaxHeader = 100 << 20;  // as the format's own readers bound it
+  if (n > kMaxHeader) return Status::InvalidArgument("safetensors: header of " + std::to_string(n) + " bytes");
+  std::string header(n, '\0');
+  if (std::fread(header.data(), 1, n, f.get()) != n) return Status::InvalidArgument("safetensors: truncated header");
+  nlohmann::json j = nlohmann::json::parse(header, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return Status::InvalidArgument("safetensors: header is not a JSON object");
+  KVMetadata out;
+  if (auto m = j.find("__metadata__"); m != j.end() && m->is_object())
+    for (const auto& [k, v] : m->items())
+      if (v.is_string()) out[k] = v.get<std::string>();
+  return out;
 }
 
 }  // namespace cachegen

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <span>
 #include <string>
 
@@ -30,6 +31,14 @@ Result<KVTensor> ReadKV(const std::string& path);
 // Writes a KV tensor in the format of the path's extension. .npy cannot hold
 // bf16 (numpy has no such dtype): such tensors are written as f32.
 Status WriteKV(const std::string& path, const KVTensor& tensor);
+
+// Safetensors with string metadata beside "format": "cachegen-kv" in its
+// __metadata__ (what `cachegen capture` records: model, positions, RoPE).
+using KVMetadata = std::map<std::string, std::string>;
+Status WriteSafetensors(const std::string& path, const KVTensor& tensor, const KVMetadata& metadata);
+// The __metadata__ string entries of a .safetensors file (its header only is
+// read); an empty map when it has none.
+Result<KVMetadata> ReadSafetensorsMetadata(const std::string& path);
 
 // In-memory forms of the above, used by ReadKV/WriteKV and the fuzz tests.
 Result<KVTensor> ParseKV(std::span<const uint8_t> bytes, KVFileFormat format);

@@ -96,6 +96,29 @@ void ExpectNpyError(const std::vector<uint8_t>& b, const std::string& needle) {
   EXPECT_NE(r.status().message().find(needle), std::string::npos) << r.status().message();
 }
 
+// Safetensors metadata (what `cachegen capture` records) round-trips and is
+// read without the tensors; a file without metadata reads as an empty map.
+TEST(IoTest, SafetensorsMetadataRoundTrips) {
+  const KVTensor kv = *SyntheticKV(KVShape{2, 2, 8, 16}, DType::kF16, 3);
+  const std::string path = TmpPath("meta.safetensors");
+  ASSERT_TRUE(WriteSafetensors(path, kv, {{"rope", "normal"}, {"rope_dims", "8"}}).ok());
+  auto meta = ReadSafetensorsMetadata(path);
+  ASSERT_TRUE(meta.ok()) << meta.status().ToString();
+  EXPECT_EQ(meta->at("rope"), "normal");
+  EXPECT_EQ(meta->at("rope_dims"), "8");
+  EXPECT_EQ(meta->at("format"), "cachegen-kv");
+  auto back = ReadKV(path);
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(std::memcmp(back->data(), kv.data(), kv.size_bytes()), 0);
+  const std::string junk = TmpPath("junk.safetensors");
+  FILE* f = std::fopen(junk.c_str(), "wb");
+  std::fputs("\xff\xff\xff\xff\xff\xff\xff\x7f", f);
+  std::fclose(f);
+  EXPECT_FALSE(ReadSafetensorsMetadata(junk).ok());  // a header length no file has: refused before allocating
+  std::remove(path.c_str());
+  std::remove(junk.c_str());
+}
+
 TEST(IoTest, NpyRejectsBadFiles) {
   const size_t n = 1 * 2 * 3 * 2 * 4;
   EXPECT_TRUE(ParseKV(Npy("{'descr': '<f4', 'fortran_order': False, 'shape': (1, 2, 3, 2, 4), }", n * 4),

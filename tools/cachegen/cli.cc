@@ -1,6 +1,7 @@
 #include "cachegen/cli.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <algorithm>
 #include <charconv>
@@ -9,6 +10,7 @@
 #include <string_view>
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
 #include "cachegen/profile.h"
 #include "codec/cachegen/profile_cache.h"
@@ -151,10 +153,48 @@ Result<RopeConfig> ResolveRope(const RopeArgs& a) {
     r.freq_scale = a.scale;
     return r;
   }
-  if (a.model.empty() || a.off) return r;
-  Result<ModelKeyFacts> m = ReadModelKeyFacts(a.model);
-  if (!m.ok()) return m.status();
-  return m->rope;
+  if (a.off) return r;
+  if (!a.model.empty()) {
+    Result<ModelKeyFacts> m = ReadModelKeyFacts(a.model);
+    if (!m.ok()) return m.status();
+    return m->rope;
+  }
+  if (!a.input.ends_with(".safetensors")) return r;
+  Result<KVMetadata> meta = ReadSafetensorsMetadata(a.input);
+  if (!meta.ok() || !meta->contains("rope")) return r;  // not captured (reading the KV reports a bad file)
+  return RopeFromMetadata(*meta);
+}
+
+Result<RopeConfig> RopeFromMetadata(const KVMetadata& m) {
+  RopeConfig r;
+  const std::string kind = m.at("rope");
+  if (kind == "none") return r;
+  if (kind != "normal" && kind != "neox") return Status::InvalidArgument("capture metadata: unknown rope '" + kind + "'");
+  r.kind = kind == "neox" ? RopeConfig::Kind::kNeox : RopeConfig::Kind::kNormal;
+  auto number = [&](const char* key, double* out) -> Status {
+    auto it = m.find(key);
+    if (it == m.end()) return Status::InvalidArgument(std::string("capture metadata: no ") + key);
+    char* end = nullptr;
+    *out = std::strtod(it->second.c_str(), &end);
+    if (end == it->second.c_str() || *end || !std::isfinite(*out))
+      return Status::InvalidArgument(std::string("capture metadata: bad ") + key);
+    return Status::Ok();
+  };
+  double dims = 0;
+  CG_RETURN_IF_ERROR(number("rope_dims", &dims));
+  CG_RETURN_IF_ERROR(number("rope_theta", &r.freq_base));
+  CG_RETURN_IF_ERROR(number("rope_scale", &r.freq_scale));
+  if (!(dims >= 0 && dims <= 65536)) return Status::InvalidArgument("capture metadata: bad rope_dims");
+  r.dims = static_cast<uint32_t>(dims);
+  return r;
+}
+
+KVMetadata RopeMetadata(const RopeConfig& r) {
+  if (r.kind == RopeConfig::Kind::kNone) return {{"rope", "none"}};
+  return {{"rope", r.kind == RopeConfig::Kind::kNeox ? "neox" : "normal"},
+          {"rope_dims", std::to_string(r.dims)},
+          {"rope_theta", fmt::format("{}", r.freq_base)},
+          {"rope_scale", fmt::format("{}", r.freq_scale)}};
 }
 
 int Fail(const Status& st) {

@@ -11,6 +11,7 @@
 #include "cachegen/codec.h"
 #include "cachegen/kv.h"
 #include "cachegen/status.h"
+#include "kv/io.h"
 
 namespace CLI {
 class App;
@@ -27,6 +28,9 @@ struct RopeArgs {
   double theta = 10000.0, scale = 1.0;
   std::string model;  // GGUF to read them from (llama.cpp builds)
   bool off = false;   // --no-rope
+  // The KV input: a .safetensors written by `cachegen capture` records its
+  // keys' RoPE, used when neither --rope nor --model is given.
+  std::string input;
 };
 void AddRopeOptions(CLI::App* app, RopeArgs* args, bool model_flag);
 // --quantizer uniform|lloyd (CodecConfig::quantizer) of a command that
@@ -51,8 +55,13 @@ void NoteSectionsUnlikeProfile(uint64_t unlike, uint64_t sections);
 // sensitivities: EncodeStats::level_predicted_kl).
 bool PredictsKl(const EncodeStats& stats);
 // The codec's RoPE setting: explicit --rope wins, then the --model's GGUF
-// (RoPE on when the model has normal/NeoX RoPE, unless --no-rope), else none.
+// (RoPE on when the model has normal/NeoX RoPE, unless --no-rope), then the
+// input's capture metadata (unless --no-rope), else none.
 Result<RopeConfig> ResolveRope(const RopeArgs& args);
+// The RoPE fields of capture metadata (kv/io.h KVMetadata: rope none|normal|
+// neox, rope_dims, rope_theta, rope_scale) and back.
+Result<RopeConfig> RopeFromMetadata(const KVMetadata& metadata);
+KVMetadata RopeMetadata(const RopeConfig& rope);
 // Reads a GGUF's RoPE parameters and KV heads; set by the llama.cpp tools at
 // start-up (builds without llama.cpp answer kUnsupported).
 struct ModelKeyFacts {

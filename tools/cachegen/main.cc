@@ -54,7 +54,9 @@ int RunEncode(const EncodeArgs& a) {
   Result<KVTensor> in = LoadInput(a.input);
   if (!in.ok()) return Fail(in.status());
   CodecConfig cfg = a.tuning;
-  Result<RopeConfig> rope = ResolveRope(a.rope);
+  RopeArgs rope_args = a.rope;
+  rope_args.input = a.input;
+  Result<RopeConfig> rope = ResolveRope(rope_args);
   if (!rope.ok()) return Fail(rope.status());
   cfg.rope = *rope;
   if (!a.profile.empty())
@@ -348,6 +350,7 @@ int Main(int argc, char** argv) {
     std::string name = !bench_input.empty() ? bench_input
                                              : "synthetic:" + (bench_synth.empty() ? "8,8,128,1024" : bench_synth);
     bo.codecs = SplitList(bench_codecs);
+    bench_rope.input = bench_input;
     Result<RopeConfig> rope = ResolveRope(bench_rope);
     if (!rope.ok()) return Fail(rope.status());
     bo.rope = *rope;

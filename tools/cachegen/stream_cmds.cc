@@ -117,7 +117,9 @@ int RunPut(const PutArgs& a) {
     cfg.levels = a.levels;
     cfg.chunk_tokens = chunk_tokens;
     cfg.threads = a.threads;
-    Result<RopeConfig> rope = ResolveRope(a.rope);
+    RopeArgs rope_args = a.rope;
+    rope_args.input = a.input;
+    Result<RopeConfig> rope = ResolveRope(rope_args);
     if (!rope.ok()) return Fail(rope.status());
     cfg.rope = *rope;
     if (chunk_tokens == 0) return Fail(Status::InvalidArgument("--chunk-tokens must be > 0"));
