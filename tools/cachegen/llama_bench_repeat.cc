@@ -95,17 +95,12 @@ Result<ModeResult> RunMode(const std::string& mode, double best_kl, const BenchR
 }
 
 int RunBenchRepeat(BenchRepeatArgs a) {
-  if (a.model.empty()) {
-    Result<std::string> path = DefaultModelPath("bench-repeat");
-    if (!path.ok()) return Fail(path.status());
-    a.model = *path;
-  }
-  std::string text_source;
-  Result<std::string> text = TextOrDefault("bench-repeat", a.text, &text_source);
-  if (!text.ok()) return Fail(text.status());
-  Result<std::shared_ptr<LlamaModel>> model = LlamaModel::Load(a.model);
-  if (!model.ok()) return Fail(model.status());
-  const std::vector<std::vector<int32_t>> prompts = engine::MakeWindows(**model, *text, a.prompt_tokens, a.prompts);
+  Result<ModelAndText> loaded = LoadModelAndText("bench-repeat", a.model, a.text);
+  if (!loaded.ok()) return Fail(loaded.status());
+  a.model = loaded->model_path;
+  const std::shared_ptr<LlamaModel>* model = &loaded->model;
+  const std::string& text_source = loaded->text_source;
+  const std::vector<std::vector<int32_t>> prompts = engine::MakeWindows(**model, loaded->text, a.prompt_tokens, a.prompts);
   if (prompts.empty())
     return Fail(Status::InvalidArgument(fmt::format("the text has no window of {} tokens", a.prompt_tokens)));
   const LlamaModelInfo& info = (*model)->info();

@@ -25,17 +25,12 @@ struct CaptureArgs {
 };
 
 int RunCapture(CaptureArgs a) {
-  if (a.model.empty()) {
-    Result<std::string> path = DefaultModelPath("capture");
-    if (!path.ok()) return Fail(path.status());
-    a.model = *path;
-  }
-  std::string text_source;
-  Result<std::string> text = TextOrDefault("capture", a.text, &text_source);
-  if (!text.ok()) return Fail(text.status());
-  Result<std::shared_ptr<LlamaModel>> model = LlamaModel::Load(a.model);
-  if (!model.ok()) return Fail(model.status());
-  const auto windows = engine::MakeWindows(**model, *text, a.context, a.window + 1);
+  Result<ModelAndText> loaded = LoadModelAndText("capture", a.model, a.text);
+  if (!loaded.ok()) return Fail(loaded.status());
+  a.model = loaded->model_path;
+  const std::shared_ptr<LlamaModel>* model = &loaded->model;
+  const std::string& text_source = loaded->text_source;
+  const auto windows = engine::MakeWindows(**model, loaded->text, a.context, a.window + 1);
   if (windows.size() <= a.window)
     return Fail(Status::InvalidArgument(fmt::format("the text has {} window(s) of {} tokens at document starts; "
                                                     "--window {} needs more",

@@ -65,4 +65,15 @@ Result<engine::AutoProfile> AutoProfileFor(const std::string& tool, const std::s
   return engine::AutoModelProfile(o);
 }
 
+Result<ModelAndText> LoadModelAndText(const std::string& tool, const std::string& model, const std::string& text) {
+  ModelAndText out;
+  out.model_path = model;
+  if (out.model_path.empty()) {
+    CG_ASSIGN_OR_RETURN(out.model_path, DefaultModelPath(tool));
+  }
+  CG_ASSIGN_OR_RETURN(out.text, TextOrDefault(tool, text, &out.text_source));
+  CG_ASSIGN_OR_RETURN(out.model, LlamaModel::Load(out.model_path));
+  return out;
+}
+
 }  // namespace cachegen::cli

@@ -24,6 +24,15 @@ Result<std::string> DefaultModelPath(const std::string& tool, std::string* note 
 // `source`, when given, receives the file read or "built-in".
 Result<std::string> TextOrDefault(const std::string& tool, const std::string& path, std::string* source = nullptr);
 
+// A llama.cpp command's model (DefaultModelPath when `model` is empty),
+// loaded, and its text (TextOrDefault).
+struct ModelAndText {
+  std::string model_path;
+  std::shared_ptr<LlamaModel> model;
+  std::string text, text_source;
+};
+Result<ModelAndText> LoadModelAndText(const std::string& tool, const std::string& model, const std::string& text);
+
 // The model's automatic profile (engine::AutoModelProfile, in the default
 // cache folder), progress and where it came from on stderr prefixed by
 // "cachegen <tool>: " unless quiet.
