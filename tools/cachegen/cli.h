@@ -89,8 +89,8 @@ void RegisterAutomaticProfiles();
 struct ModelDemoArgs {
   std::string model, text;
   uint32_t windows = 4;
-  // The second run's model profile: this file, or one learned first from the
-  // windows after the scored ones (learn_profile), or no second run.
+  // The second run's model profile: this file, or the model's automatic
+  // profile (learn_profile), or no second run.
   std::string profile;
   bool learn_profile = true;
 };

@@ -15,7 +15,6 @@
 #include "cachegen/llama_defaults.h"
 #include "cachegen/profile.h"
 #include "engine/llama/eval.h"
-#include "engine/llama/profile_train.h"
 
 namespace cachegen::cli {
 namespace {
@@ -49,31 +48,6 @@ void PrintRow(const engine::EvalReport& rep, const engine::EvalRow& r, const cha
   std::printf("\n  first window, the context ends \"...%s\"; the model goes on:\n", OneLine(rep.sample_lead).c_str());
   std::printf("    exact KV:    %s\n", FirstSentence(rep.sample_exact).c_str());
   std::printf("    restored KV: %s\n", FirstSentence(r.sample).c_str());
-}
-
-// A profile for the second run, learned from the windows after the `scored`
-// ones (said how). Null (said why) when the text has none.
-std::shared_ptr<const Profile> LearnDemoProfile(const engine::EvalOptions& o, uint32_t scored, std::string* how) {
-  engine::ModelProfileOptions po;
-  po.model_path = o.model_path;
-  po.text = o.text;
-  po.skip = scored;
-  po.sensitivity = false;  // most of the training time (docs/EVAL.md)
-  po.tuning.quantizer = CodecConfig::Quantizer::kLloyd;  // as `profile train`
-  const auto start = std::chrono::steady_clock::now();
-  Result<engine::ModelProfile> p = engine::TrainModelProfile(po);
-  if (!p.ok()) {
-    std::fprintf(stderr, "cachegen demo: no profile run: %s\n", p.status().message().c_str());
-    return nullptr;
-  }
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  char line[160];
-  std::snprintf(line, sizeof line,
-                "learned just now from the %u windows after the scored ones in %.1f s, without sensitivities",
-                p->contexts, s);
-  *how = line;
-  RegisterProfile(p->profile);  // for the decoder
-  return p->profile;
 }
 
 int RunModelDemo(const ModelDemoArgs& args) {
@@ -116,8 +90,17 @@ int RunModelDemo(const ModelDemoArgs& args) {
 
   std::fflush(stdout);
   std::string how = "read from " + args.profile;
-  o.codec.profile = given ? given : LearnDemoProfile(o, rep->windows, &how);
-  if (!o.codec.profile) return 0;
+  if (given) {
+    o.codec.profile = given;
+  } else {
+    Result<engine::AutoProfile> p = AutoProfileFor("demo", o.model_path, 0, false);
+    if (!p.ok()) {
+      std::fprintf(stderr, "cachegen demo: no profile run: %s\n", p.status().message().c_str());
+      return 0;
+    }
+    o.codec.profile = p->profile;
+    how = "the model's automatic profile, " + p->source;
+  }
   o.codec.quantizer = o.codec.profile->quantizer().value_or(o.codec.quantizer);
   Result<engine::EvalReport> with = engine::RunEval(o);
   if (!with.ok()) return Fail(with.status());

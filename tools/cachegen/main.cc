@@ -319,11 +319,11 @@ int Main(int argc, char** argv) {
           ->capture_default_str()
           ->check(CLI::Range(1, 1000)),
       demo->add_option("--profile", demo_model.profile,
-                       "Run the codec again with this model profile (.cgprof) instead of one learned first")};
+                       "Run the codec again with this model profile (.cgprof) instead of the model's automatic one")};
   CLI::Option* demo_no_profile =
       demo->add_flag("!--no-profile", demo_model.learn_profile,
-                     "No second run with a model profile (by default one is learned first from the 8 text windows "
-                     "after the scored ones, without sensitivities: a few seconds on stories260K)")
+                     "No second run with a model profile (by default the model's automatic profile: learned once "
+                     "from text the model writes itself, about 1.5 min on stories260K, then read from the cache)")
           ->excludes(demo_model_opts.back());
   for (CLI::Option* o : demo_model_opts) demo_synth_opt->excludes(o);
   demo_synth_opt->excludes(demo_no_profile);
