@@ -236,10 +236,10 @@ print("eval json ok:", len(d["rows"]), "rows")' "$tmp/eval.json"
     | python3 -c 'import json,sys; d=json.load(sys.stdin); assert [c["status"] for c in d["codecs"]] == ["ok", "ok"] and d["codecs"][1]["name"] == "cachegen+prof", d["codecs"]'
   echo "put/fetch and bench with a profile ok"
   build/cachegen demo --windows 1 >"$tmp/demo.txt"
-  # Two runs: the default codec, then with a profile the demo learns first.
+  # Two runs: the default codec, then with the model's automatic profile (learned by the eval smoke above, or now).
   [ "$(grep -c '^    restored KV: ' "$tmp/demo.txt")" -eq 2 ]
   grep -q 'smaller than f16' "$tmp/demo.txt"
-  grep -q '^learned just now from the 8 windows after the scored ones' "$tmp/demo.txt"
+  grep -q "^the model's automatic profile, " "$tmp/demo.txt"
   build/cachegen demo --windows 1 --model "$tmp/tiny.gguf" --text "$tmp/stories.txt" --profile "$tmp/tiny.cgprof" \
     >"$tmp/demo_profile.txt" 2>/dev/null
   grep -q "^read from $tmp/tiny.cgprof" "$tmp/demo_profile.txt"
