@@ -9,9 +9,9 @@
  * crosses this boundary: running out of memory is CG_INTERNAL ("out of
  * memory").
  *
- * Containers whose frames reference a model profile (encoded with a .cgprof
- * by the C++ API or the CLI) need that profile, which this API cannot load:
- * cg_decode answers CG_NOT_FOUND ("frame needs model profile ...").
+ * Containers whose frames reference a model profile (.cgprof) decode once
+ * that profile is loaded in the process (cg_load_profile, or the C++ API);
+ * otherwise cg_decode answers CG_NOT_FOUND ("frame needs model profile ...").
  */
 #ifndef CACHEGEN_CACHEGEN_H_
 #define CACHEGEN_CACHEGEN_H_
@@ -46,6 +46,14 @@ typedef struct cg_config {
   uint32_t chunk_tokens;  /* 0 = the whole context as one chunk */
   uint32_t threads;       /* 0 = hardware concurrency; at most 256 are used */
   uint32_t token_start;   /* absolute position of the first token */
+  /* A model profile loaded with cg_load_profile (0 = none): frames reference
+   * it instead of carrying statistics and tables; its quantizer is used. */
+  uint64_t profile_id;
+  /* Rate target: the predicted mean next-token KL of the restored context,
+   * from the profile's measured sensitivities (needs profile_id; exclusive
+   * with the three targets above; levels below the first: sqrt(10) times
+   * the previous level's KL). */
+  double max_kl;
 } cg_config;
 
 typedef struct cg_info {
@@ -84,6 +92,11 @@ int cg_inspect(const uint8_t* container, size_t len, cg_info* info, char* err, s
  * threads: 0 = hardware concurrency. On failure out may be partly written. */
 int cg_decode(const uint8_t* container, size_t len, uint32_t level, int dtype, void* out, size_t out_len,
               uint32_t threads, char* err, size_t err_len);
+
+/* Parses a .cgprof (untrusted bytes: every field is checked) and loads it
+ * for cg_encode (cfg->profile_id) and cg_decode; *id receives its id.
+ * Loading the same profile again is harmless. */
+int cg_load_profile(const uint8_t* bytes, size_t len, uint64_t* id, char* err, size_t err_len);
 
 /* Releases a buffer returned by cg_encode. NULL is ignored. */
 void cg_free(void* p);

@@ -56,6 +56,10 @@ struct ProfileTrainOptions {
   // symbols are distributed alike share a table. Measured on stories260K
   // (docs/EVAL.md).
   bool key_channel_classes = true;
+  // The same for V sections: a learned transform of each V head, and tables
+  // per class of alike channels (the format allows either in any section).
+  bool value_transform = false;
+  bool value_channel_classes = false;
 };
 
 // What a model's measured sensitivity curve holds (Profile::WithSensitivity).

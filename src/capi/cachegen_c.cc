@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cachegen/codec.h"
+#include "cachegen/profile.h"
 
 namespace {
 
@@ -61,6 +62,19 @@ void cg_config_default(cg_config* cfg) {
   cfg->chunk_tokens = d.chunk_tokens;
   cfg->threads = d.threads;
   cfg->token_start = 0;
+  cfg->profile_id = 0;
+  cfg->max_kl = d.max_kl;
+}
+
+int cg_load_profile(const uint8_t* bytes, size_t len, uint64_t* id, char* err, size_t err_len) {
+  if (!bytes || !id) return Fail(Status::InvalidArgument("null argument"), err, err_len);
+  return Guarded(err, err_len, [&] {
+    auto p = cachegen::Profile::Parse({bytes, len});
+    if (!p.ok()) return Fail(p.status(), err, err_len);
+    cachegen::RegisterProfile(*p);
+    *id = (*p)->id();
+    return Ok(err, err_len);
+  });
 }
 
 int cg_encode(const void* data, int dtype, uint32_t layers, uint32_t kv_heads, uint32_t head_dim,
@@ -81,6 +95,12 @@ int cg_encode(const void* data, int dtype, uint32_t layers, uint32_t kv_heads, u
   config.levels = c.levels == 0 ? 1 : c.levels;
   config.chunk_tokens = c.chunk_tokens;
   config.threads = c.threads;
+  config.max_kl = c.max_kl;
+  if (c.profile_id != 0) {
+    config.profile = cachegen::FindProfile(c.profile_id);
+    if (!config.profile) return Fail(Status::NotFound("profile_id names no profile loaded with cg_load_profile"), err, err_len);
+    config.quantizer = config.profile->quantizer().value_or(config.quantizer);
+  }
   return Guarded(err, err_len, [&] {
     auto enc = cachegen::Encoder::Create(config);
     if (!enc.ok()) return Fail(enc.status(), err, err_len);

@@ -3,6 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include "cachegen/profile.h"
+#include "kv/synthetic.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -89,6 +92,41 @@ TEST(CApi, EncodeErrors) {
   EXPECT_EQ(len, 0u);
   x[3] = NAN;
   EXPECT_EQ(cg_encode(x, CG_F32, 1, 1, 8, 1, &cfg, &buf, &len, err, sizeof err), CG_INVALID_ARGUMENT);
+}
+
+
+// A profile loaded from its bytes codes with a KL target and decodes.
+TEST(CApi, ProfileAndKlTarget) {
+  const cachegen::KVShape shape{2, 2, 16, 64};
+  const cachegen::KVTensor kv = *cachegen::SyntheticKV(shape, cachegen::DType::kF32, 5);
+  const cachegen::KVView views[] = {kv.view()};
+  cachegen::ProfileTrainOptions o;
+  o.key_transform = false;
+  auto trained = cachegen::Profile::Train(views, cachegen::CodecConfig{}, o);
+  ASSERT_TRUE(trained.ok());
+  auto p = (*trained)->WithSensitivity(std::vector<float>{1e-3f, 1e-2f, 2e-3f, 5e-3f});
+  ASSERT_TRUE(p.ok());
+  char err[256];
+  uint64_t id = 0;
+  ASSERT_EQ(cg_load_profile((*p)->bytes().data(), (*p)->bytes().size(), &id, err, sizeof err), CG_OK) << err;
+  EXPECT_EQ(id, (*p)->id());
+  const std::vector<uint8_t> junk(64, 7);
+  EXPECT_EQ(cg_load_profile(junk.data(), junk.size(), &id, err, sizeof err), CG_CORRUPT);
+
+  cg_config cfg;
+  cg_config_default(&cfg);
+  EXPECT_EQ(cfg.profile_id, 0u);
+  cfg.max_kl = 1e-3;  // without a profile: refused
+  uint8_t* buf = nullptr;
+  size_t len = 0;
+  EXPECT_EQ(cg_encode(kv.data(), CG_F32, 2, 2, 16, 64, &cfg, &buf, &len, err, sizeof err), CG_INVALID_ARGUMENT);
+  cfg.profile_id = 12345;  // not loaded
+  EXPECT_EQ(cg_encode(kv.data(), CG_F32, 2, 2, 16, 64, &cfg, &buf, &len, err, sizeof err), CG_NOT_FOUND);
+  cfg.profile_id = (*p)->id();
+  ASSERT_EQ(cg_encode(kv.data(), CG_F32, 2, 2, 16, 64, &cfg, &buf, &len, err, sizeof err), CG_OK) << err;
+  std::vector<float> out(shape.values());
+  EXPECT_EQ(cg_decode(buf, len, 0, CG_F32, out.data(), out.size() * sizeof(float), 1, err, sizeof err), CG_OK) << err;
+  cg_free(buf);
 }
 
 }  // namespace

@@ -90,6 +90,11 @@ const bool kRegistered = RegisterCommand(55, [](CLI::App& root) -> CommandRunner
   t->add_flag("--key-transform,!--no-key-transform", a->train.key_transform,
               "Learn a per-head decorrelating transform of the keys (KLT; frames code keys in that basis) (default on)")
       ->capture_default_str();
+  t->add_flag("--value-transform", a->train.value_transform, "Also learn a per-head transform of the values (KLT)");
+  t->add_flag("--value-channel-classes", a->train.value_channel_classes,
+              "Also code V sections with one table per class of alike channels");
+  t->add_flag("--value-channel-weights", a->train.value_channel_weights,
+              "Also weigh V channel scales by the model's attention and output matrix");
   t->add_flag("--channel-classes,!--no-channel-classes", a->train.channel_classes,
               "Code K sections with one entropy table per class of alike channels instead of one per head "
               "(profile format version 4) (default on)")

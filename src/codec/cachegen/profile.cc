@@ -547,9 +547,10 @@ Result<std::shared_ptr<const Profile>> Profile::Train(std::span<const KVView> co
   d.contexts = static_cast<uint32_t>(contexts.size());
 
   // Key transforms: the KLT of each head over all tokens of all contexts.
-  if (options.key_transform && !d.rotate) {
+  if ((options.key_transform || options.value_transform) && !d.rotate) {
     d.transform.assign(sections, {});
-    for (uint32_t sec = 0; sec < sections; sec += 2) {
+    for (uint32_t sec = 0; sec < sections; ++sec) {
+      if (!(sec % 2 ? options.value_transform : options.key_transform)) continue;
       HeadCovariance cov(d.kv_heads, D);
       for (const KVView& kv : contexts) cov.Add(coding_rows(kv, sec));
       std::vector<float>& u = d.transform[sec];
@@ -587,10 +588,11 @@ Result<std::shared_ptr<const Profile>> Profile::Train(std::span<const KVView> co
     for (uint32_t c = 0; c < C; ++c) ChannelCodes(mean[c], var[c], &d.sigma_code[sec][c], &d.mean_code[sec][c]);
   }
 
-  if (options.key_channel_classes) {
+  if (options.key_channel_classes || options.value_channel_classes) {
     d.classes.assign(sections, 0);
     d.class_of.assign(sections, {});
-    for (uint32_t sec = 0; sec < sections; sec += 2) {
+    for (uint32_t sec = 0; sec < sections; ++sec) {
+      if (!(sec % 2 ? options.value_channel_classes : options.key_channel_classes)) continue;
       std::vector<std::vector<float>> rows;
       for (const KVView& kv : contexts) rows.push_back(coding_rows(kv, sec));
       AssignChannelClasses(rows, sec, &d);

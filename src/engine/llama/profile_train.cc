@@ -79,8 +79,11 @@ Result<ModelProfile> TrainModelProfile(const ModelProfileOptions& o) {
   ProfileTrainOptions train;
   train.key_transform = o.key_transform;
   train.key_channel_classes = o.channel_classes;
+  train.value_transform = o.value_transform;
+  train.value_channel_classes = o.value_channel_classes;
   if (out.channel_weights) train.channel_weights = weights.weights();
-  for (size_t i = 1; i < train.channel_weights.size(); i += 2) train.channel_weights[i].clear();
+  for (size_t i = 1; !o.value_channel_weights && i < train.channel_weights.size(); i += 2)
+    train.channel_weights[i].clear();
   if (o.key_transform && cfg.rotate) Say(o, "profile: key transforms skipped (not with --rotate)");
   CG_ASSIGN_OR_RETURN(out.profile, Profile::Train(views, cfg, train));
   if (!o.sensitivity) return out;

@@ -32,6 +32,8 @@ struct ModelProfileOptions {
   bool channel_weights = true;  // K channel weights from the model's attention (not with tuning.rotate)
   bool key_transform = true;
   bool channel_classes = true;
+  // V sections too (ProfileTrainOptions::value_*; channel weights of V heads).
+  bool value_transform = false, value_channel_classes = false, value_channel_weights = false;
   std::vector<double> sensitivity_steps = SensitivityOptions().steps;
   CodecConfig tuning;  // the quantizer, group size and rotation the profile is learned for
   // One line per step and per part skipped (with the reason); may be empty.
