@@ -189,6 +189,7 @@ print("eval json ok:", len(d["rows"]), "rows")' "$tmp/eval.json"
   build/cachegen profile train --model "$tmp/tiny.gguf" --text "$tmp/stories.txt" -o "$tmp/tiny.cgprof" \
     --contexts 2 --context-tokens 64 --continuation 16 2>/dev/null >"$tmp/profile.txt"
   grep -q 'key transforms learned, sensitivities measured, key channel weights from attention' "$tmp/profile.txt"
+  grep -q 'value transforms learned' "$tmp/profile.txt"  # head dim 64: V transforms and weights by default
   build/cachegen eval --model "$tmp/tiny.gguf" --text "$tmp/stories.txt" --profile "$tmp/tiny.cgprof" --codecs cachegen \
     --bits 2 --windows 1 --context 64 --continuation 16 --greedy 4 --quiet --json >"$tmp/eval_profile.json"
   # Profiles are trained for the learned quantizer by default; eval takes a profile's quantizer when --quantizer is not given.

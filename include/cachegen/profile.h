@@ -72,6 +72,11 @@ struct SensitivityCurve {
   // codec; what "as faithful as an 8-bit cache" means on this model (0 = not
   // measured).
   float q8_kl = 0;
+  // The joint calibration (may be empty): at rising predictions (the sum of
+  // the sections' curves at the steps of a KL target), the mean KL measured
+  // with every section quantized at once. The encoder scales its predicted
+  // sum by the measured / predicted ratio there (log-log interpolated).
+  std::vector<float> joint_predicted, joint_measured;
 };
 
 class Profile {

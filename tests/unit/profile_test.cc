@@ -176,18 +176,33 @@ TEST(Profile, SensitivityCurveRoundTripsAndPredicts) {
   EXPECT_EQ(d.curve_steps, steps);
   EXPECT_EQ(d.curve_kl, kl);
   EXPECT_EQ(d.q8_kl, 2e-5f);
-  EXPECT_NEAR(d.PredictedKl(0, 1), 4e-4, 1e-9);
-  EXPECT_NEAR(d.PredictedKl(0, 0.25), 1e-4 / 4, 1e-10);       // below: ∝ step^2
-  EXPECT_NEAR(d.PredictedKl(0, std::sqrt(2.0)), 6e-4, 1e-9);   // log-log between 4e-4 and 9e-4
-  EXPECT_NEAR(d.PredictedKl(0, 100), 9e-4, 1e-9);             // above: saturated
-  EXPECT_NEAR(d.PredictedKl(1, 2), 3e-5, 1e-10);              // the dip is not followed
-  EXPECT_NEAR(d.PredictedKl(1, 8), 3e-5, 1e-10);
-  for (double s = 0.1; s < 10; s *= 1.1) EXPECT_LE(d.PredictedKl(2, s), d.PredictedKl(2, s * 1.1));
+  EXPECT_NEAR(d.SectionKl(0, 1), 4e-4, 1e-9);
+  EXPECT_NEAR(d.SectionKl(0, 0.25), 1e-4 / 4, 1e-10);       // below: ∝ step^2
+  EXPECT_NEAR(d.SectionKl(0, std::sqrt(2.0)), 6e-4, 1e-9);   // log-log between 4e-4 and 9e-4
+  EXPECT_NEAR(d.SectionKl(0, 100), 9e-4, 1e-9);             // above: saturated
+  EXPECT_NEAR(d.SectionKl(1, 2), 3e-5, 1e-10);              // the dip is not followed
+  EXPECT_NEAR(d.SectionKl(1, 8), 3e-5, 1e-10);
+  for (double s = 0.1; s < 10; s *= 1.1) EXPECT_LE(d.SectionKl(2, s), d.SectionKl(2, s * 1.1));
+  // The joint calibration scales a sum by measured / predicted, log-log
+  // between its points and the end ratios beyond them.
+  SensitivityCurve joint{steps, kl, 2e-5f, {1e-4f, 1e-2f}, {2e-4f, 1e-2f}};
+  auto calibrated = p->WithSensitivity(w, joint);
+  ASSERT_TRUE(calibrated.ok()) << calibrated.status().ToString();
+  auto reparsed = Profile::Parse((*calibrated)->bytes());
+  ASSERT_TRUE(reparsed.ok()) << reparsed.status().ToString();
+  const internal::ProfileData& cd = (*reparsed)->data();
+  EXPECT_NEAR(cd.CalibratedKl(1e-5), 2e-5, 1e-9);
+  EXPECT_NEAR(cd.CalibratedKl(1e-3), 1e-3 * std::sqrt(2.0), 1e-8);
+  EXPECT_NEAR(cd.CalibratedKl(1), 1, 1e-6);
+  EXPECT_EQ(d.CalibratedKl(3e-3), 3e-3);  // no calibration
+  EXPECT_FALSE(p->WithSensitivity(w, SensitivityCurve{steps, kl, 0, {1e-2f, 1e-4f}, {1e-2f, 2e-4f}}).ok());  // falling
+  EXPECT_FALSE(p->WithSensitivity(w, SensitivityCurve{steps, kl, 0, {1e-4f}, {0.0f}}).ok());
+  ExpectHostileRejected((*calibrated)->bytes());
   // Without a curve: sensitivity x step^2; without sensitivities: none.
   auto plain = WithSensitivity(*p, w);
   ASSERT_TRUE(plain);
-  EXPECT_NEAR(plain->data().PredictedKl(2, 3), 4e-3 * 9, 1e-7);  // f32 sensitivity
-  EXPECT_EQ(p->data().PredictedKl(0, 1), -1);
+  EXPECT_NEAR(plain->data().SectionKl(2, 3), 4e-3 * 9, 1e-7);  // f32 sensitivity
+  EXPECT_EQ(p->data().SectionKl(0, 1), -1);
 
   // Invalid curves: one step, falling steps, a step of 0, a NaN or negative KL, a wrong count.
   const std::vector<float> one = {1}, falling = {1, 0.5f, 2}, zero = {0, 1, 2};
@@ -204,7 +219,7 @@ TEST(Profile, SensitivityCurveRoundTripsAndPredicts) {
   EXPECT_FALSE(p->WithSensitivity(w, SensitivityCurve{steps, std::vector<float>(kl.begin(), kl.end() - 1)}).ok());
   // Hostile bytes: resealed falling steps, a curve flag without sensitivities, and the rest.
   std::vector<uint8_t> v = (*q)->bytes();
-  const size_t first_step = v.size() - 8 - 4 - 4 * kl.size() - 4 * steps.size();
+  const size_t first_step = v.size() - 8 - 1 - 4 - 4 * kl.size() - 4 * steps.size();
   const float big = 8;
   std::memcpy(&v[first_step], &big, 4);
   EXPECT_EQ(Profile::Parse(Resealed(v)).status().code(), StatusCode::kCorrupt);

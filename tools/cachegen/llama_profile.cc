@@ -46,11 +46,11 @@ int RunTrain(const ProfileArgs& a) {
   Status st = WriteFileBytes(a.output, prof.bytes());
   if (!st.ok()) return Fail(st);
   std::printf("%s: profile %016llx, %zu bytes, %u contexts x %u tokens, RoPE %s, key transforms %s, "
-              "sensitivities %s, key channel weights %s, key tables per %s, for the %s quantizer\n",
+              "sensitivities %s, key channel weights %s, key tables per %s, value transforms %s, for the %s quantizer\n",
               a.output.c_str(), static_cast<unsigned long long>(prof.id()), prof.bytes().size(),
               trained->contexts, o.context, o.rope ? "undone" : "off", prof.data().HasTransform(0) ? "learned" : "none",
               trained->sensitivity ? "measured" : "none", trained->channel_weights ? "from attention" : "none",
-              prof.data().HasClasses(0) ? "channel class" : "head",
+              prof.data().HasClasses(0) ? "channel class" : "head", prof.data().HasTransform(1) ? "learned" : "none",
               o.tuning.quantizer == CodecConfig::Quantizer::kLloyd ? "lloyd" : "uniform");
   return 0;
 }
@@ -90,11 +90,18 @@ const bool kRegistered = RegisterCommand(55, [](CLI::App& root) -> CommandRunner
   t->add_flag("--key-transform,!--no-key-transform", a->train.key_transform,
               "Learn a per-head decorrelating transform of the keys (KLT; frames code keys in that basis) (default on)")
       ->capture_default_str();
-  t->add_flag("--value-transform", a->train.value_transform, "Also learn a per-head transform of the values (KLT)");
+  t->add_option("--channel-weight-strength", a->train.channel_weight_strength,
+                "How far channel scales move towards 1/sqrt(weight), in (0, 1] (0: the whole way with a transform, "
+                "half-way without)")
+      ->check(CLI::Range(0.0, 1.0));
+  t->add_flag_function(
+      "--value-transform,!--no-value-transform", [a](int64_t n) { a->train.value_transform = n > 0; },
+      "Learn a per-head transform of the values too (KLT; default: for heads of at least 32 dims)");
   t->add_flag("--value-channel-classes", a->train.value_channel_classes,
               "Also code V sections with one table per class of alike channels");
-  t->add_flag("--value-channel-weights", a->train.value_channel_weights,
-              "Also weigh V channel scales by the model's attention and output matrix");
+  t->add_flag_function(
+      "--value-channel-weights,!--no-value-channel-weights", [a](int64_t n) { a->train.value_channel_weights = n > 0; },
+      "Weigh V channel scales by the model's attention and output matrix too (default: for heads of at least 32 dims)");
   t->add_flag("--channel-classes,!--no-channel-classes", a->train.channel_classes,
               "Code K sections with one entropy table per class of alike channels instead of one per head "
               "(profile format version 4) (default on)")

@@ -385,12 +385,13 @@ class CacheGenCodec final : public Codec {
   }
 
   // Sum over sections of each one's predicted KL at its step (the sections'
-  // effects add up at small errors); -1 without sensitivities.
+  // effects add up at small errors), scaled by the profile's joint
+  // calibration; -1 without sensitivities.
   static double PredictedKl(const internal::ProfileData& d, const std::vector<QuantizedSection>& q) {
     if (d.sensitivity.size() != q.size()) return -1;
     double kl = 0;
-    for (size_t i = 0; i < q.size(); ++i) kl += d.PredictedKl(uint32_t(i), q[i].step);
-    return kl;
+    for (size_t i = 0; i < q.size(); ++i) kl += d.SectionKl(uint32_t(i), q[i].step);
+    return d.CalibratedKl(kl);
   }
 
   // The multiplier m of the section step factors at which the predicted KL
@@ -400,8 +401,8 @@ class CacheGenCodec final : public Codec {
   static double MultiplierForKl(const internal::ProfileData& d, const std::vector<float>& factors, double target_kl) {
     auto kl_at = [&](double log_m) {
       double kl = 0;
-      for (size_t i = 0; i < factors.size(); ++i) kl += d.PredictedKl(uint32_t(i), std::exp2(log_m) * factors[i]);
-      return kl;
+      for (size_t i = 0; i < factors.size(); ++i) kl += d.SectionKl(uint32_t(i), std::exp2(log_m) * factors[i]);
+      return d.CalibratedKl(kl);
     };
     double lo = -20, hi = 20;
     if (kl_at(hi) <= target_kl) return std::exp2(hi);

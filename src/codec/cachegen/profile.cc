@@ -113,6 +113,9 @@ std::vector<uint8_t> Serialize(const internal::ProfileData& d) {
     for (float v : d.curve_steps) w.F32(v);
     for (float v : d.curve_kl) w.F32(v);
     w.F32(d.q8_kl);
+    w.U8(static_cast<uint8_t>(d.joint_predicted.size()));
+    for (float v : d.joint_predicted) w.F32(v);
+    for (float v : d.joint_measured) w.F32(v);
   }
   w.U64(Checksum64(out));
   return out;
@@ -129,17 +132,36 @@ bool ValidCurve(std::span<const float> steps, std::span<const float> kl, uint32_
   return std::all_of(kl.begin(), kl.end(), [](float v) { return v >= 0 && v <= kMaxSensitivity; });
 }
 
+// A joint calibration: at most kMaxCurvePoints predictions, finite, > 0 and
+// rising, each with a measured KL, finite and in (0, kMaxSensitivity].
+bool ValidJoint(std::span<const float> predicted, std::span<const float> measured) {
+  if (predicted.size() != measured.size() || predicted.size() > kMaxCurvePoints) return false;
+  for (size_t i = 0; i < predicted.size(); ++i) {
+    if (!(predicted[i] > 0 && predicted[i] <= kMaxSensitivity) || (i > 0 && !(predicted[i] > predicted[i - 1])))
+      return false;
+    if (!(measured[i] > 0 && measured[i] <= kMaxSensitivity)) return false;
+  }
+  return true;
+}
+
 Status ParseCurve(ByteReader& r, internal::ProfileData* d) {
   const uint32_t points = r.U8(), sections = d->layers * 2;
   if (!r.ok() || points < 2 || points > kMaxCurvePoints) return Bad("invalid sensitivity curve length");
-  if (r.remaining() < (uint64_t{points} * (sections + 1) + 1) * 4) return Bad("truncated sensitivity curve");
+  if (r.remaining() < (uint64_t{points} * (sections + 1) + 1) * 4 + 1) return Bad("truncated sensitivity curve");
   d->curve_steps.resize(points);
   for (float& v : d->curve_steps) v = r.F32();
   d->curve_kl.resize(size_t{points} * sections);
   for (float& v : d->curve_kl) v = r.F32();
   if (!ValidCurve(d->curve_steps, d->curve_kl, sections)) return Bad("invalid sensitivity curve values");
   d->q8_kl = r.F32();
-  if (!(d->q8_kl >= 0 && d->q8_kl <= kMaxSensitivity)) return Bad("invalid q8 reference KL");
+  if (!r.ok() || !(d->q8_kl >= 0 && d->q8_kl <= kMaxSensitivity)) return Bad("invalid q8 reference KL");
+  const uint32_t joint = r.U8();
+  if (!r.ok() || joint > kMaxCurvePoints || r.remaining() < uint64_t{joint} * 8) return Bad("invalid joint calibration");
+  d->joint_predicted.resize(joint);
+  d->joint_measured.resize(joint);
+  for (float& v : d->joint_predicted) v = r.F32();
+  for (float& v : d->joint_measured) v = r.F32();
+  if (!ValidJoint(d->joint_predicted, d->joint_measured)) return Bad("invalid joint calibration values");
   return Status::Ok();
 }
 
@@ -652,11 +674,17 @@ Result<std::shared_ptr<const Profile>> Profile::WithSensitivity(std::span<const 
     return Status::InvalidArgument("profile: invalid sensitivity curve (2 to 16 rising positive steps, KL finite and >= 0)");
   if (!(curve.q8_kl >= 0 && curve.q8_kl <= kMaxSensitivity) || (curve.q8_kl > 0 && curve.steps.empty()))
     return Status::InvalidArgument("profile: the q8 reference KL must be finite, >= 0, and come with a curve");
+  if (!ValidJoint(curve.joint_predicted, curve.joint_measured) ||
+      (!curve.joint_predicted.empty() && curve.steps.empty()))
+    return Status::InvalidArgument(
+        "profile: a joint calibration needs a curve, at most 16 rising predictions > 0 and measured KL > 0");
   internal::ProfileData d = *data_;
   d.sensitivity.assign(per_section.begin(), per_section.end());
   d.curve_steps = curve.steps;
   d.curve_kl = curve.kl;
   d.q8_kl = curve.q8_kl;
+  d.joint_predicted = curve.joint_predicted;
+  d.joint_measured = curve.joint_measured;
   return Parse(Serialize(d));
 }
 

@@ -45,6 +45,7 @@ struct ProfileData {
   // curve_steps[p]. PredictedKl reads it.
   std::vector<float> curve_steps, curve_kl;
   float q8_kl = 0;  // SensitivityCurve::q8_kl (with a curve only); 0 = not measured
+  std::vector<float> joint_predicted, joint_measured;  // SensitivityCurve's joint calibration
   // Per section: empty, or per KV head an orthonormal D x D matrix U
   // (head_transform.h; format version 3): the section is coded as U^T x.
   // transform_t holds the transposes (for decoders), made on parse.
@@ -85,12 +86,30 @@ struct ProfileData {
     for (size_t i = 0; i < f.size(); ++i) f[i] = static_cast<float>(std::exp(0.5 * (log_mean - std::log(double(w[i])))));
     return f;
   }
+  // The KL predicted for a frame whose sections' SectionKl sum to `sum`:
+  // scaled by the joint calibration's measured / predicted ratio at `sum`
+  // (log-log between its points, the end ratios beyond them); `sum` as it is
+  // without a calibration.
+  double CalibratedKl(double sum) const {
+    const size_t n = joint_predicted.size();
+    if (n == 0 || !(sum > 0)) return sum;
+    auto log_ratio = [&](size_t j) {
+      return std::log(std::max(double(joint_measured[j]), 1e-30) / std::max(double(joint_predicted[j]), 1e-30));
+    };
+    if (sum <= joint_predicted[0]) return sum * std::exp(log_ratio(0));
+    for (size_t j = 1; j < n; ++j)
+      if (sum <= joint_predicted[j]) {
+        const double t = std::log(sum / joint_predicted[j - 1]) / std::log(double(joint_predicted[j]) / joint_predicted[j - 1]);
+        return sum * std::exp(log_ratio(j - 1) + t * (log_ratio(j) - log_ratio(j - 1)));
+      }
+    return sum * std::exp(log_ratio(n - 1));
+  }
   // The mean next-token KL predicted with section `section` alone coded at
   // `step`: log-log interpolation of the measured curve, KL ∝ step^2 below
   // its first step and the last value above its last (the section then
   // carries nothing more to lose); without a curve sensitivity * step^2; -1
   // without sensitivities. Non-decreasing in step.
-  double PredictedKl(uint32_t section, double step) const {
+  double SectionKl(uint32_t section, double step) const {
     if (section >= sensitivity.size()) return -1;
     const size_t n = curve_steps.size();
     if (n == 0) return double(sensitivity[section]) * step * step;

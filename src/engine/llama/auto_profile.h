@@ -37,7 +37,7 @@ struct AutoProfile {
 
 // How automatic profiles are learned (part of their file names and store
 // keys: profiles learned otherwise are other profiles).
-inline constexpr const char* kAutoProfileSettings = "auto2";
+inline constexpr const char* kAutoProfileSettings = "auto3";
 
 // The model's automatic profile from the cache folder only: kNotFound when
 // it has none (or none valid for the model) yet.

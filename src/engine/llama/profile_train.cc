@@ -3,6 +3,7 @@
 #include <span>
 
 #include "cachegen/llama_engine.h"
+#include "codec/cachegen/profile_data.h"
 #include "engine/llama/channel_weights.h"
 #include "engine/llama/eval.h"
 
@@ -79,15 +80,23 @@ Result<ModelProfile> TrainModelProfile(const ModelProfileOptions& o) {
   ProfileTrainOptions train;
   train.key_transform = o.key_transform;
   train.key_channel_classes = o.channel_classes;
-  train.value_transform = o.value_transform;
+  const bool wide_heads = model->info().head_dim >= kValueCodingMinHeadDim;
+  train.value_transform = o.value_transform.value_or(wide_heads);
+  const bool value_weights = o.value_channel_weights.value_or(wide_heads);
   train.value_channel_classes = o.value_channel_classes;
+  train.channel_weight_strength = o.channel_weight_strength;
   if (out.channel_weights) train.channel_weights = weights.weights();
-  for (size_t i = 1; !o.value_channel_weights && i < train.channel_weights.size(); i += 2)
+  for (size_t i = 1; !value_weights && i < train.channel_weights.size(); i += 2)
     train.channel_weights[i].clear();
   if (o.key_transform && cfg.rotate) Say(o, "profile: key transforms skipped (not with --rotate)");
   CG_ASSIGN_OR_RETURN(out.profile, Profile::Train(views, cfg, train));
   if (!o.sensitivity) return out;
-  const SensitivityOptions so{o.context, o.continuation, o.sensitivity_steps, o.threads, o.progress};
+  SensitivityOptions so;
+  so.context = o.context;
+  so.continuation = o.continuation;
+  so.steps = o.sensitivity_steps;
+  so.threads = o.threads;
+  so.progress = o.progress;
   CG_ASSIGN_OR_RETURN(out.sensitivity,
                       MeasureSensitivity(model, std::span(windows).subspan(o.skip), *out.profile, cfg, so));
   SensitivityCurve curve;
@@ -97,6 +106,23 @@ Result<ModelProfile> TrainModelProfile(const ModelProfileOptions& o) {
     curve.q8_kl = static_cast<float>(out.sensitivity->q8_kl);
   }
   CG_ASSIGN_OR_RETURN(out.profile, out.profile->WithSensitivity(out.sensitivity->weights, curve));
+  // The joint calibration: what the curves predict at each joint multiplier
+  // against what was measured there.
+  const SensitivityReport& rep = *out.sensitivity;
+  if (!curve.steps.empty() && !rep.joint_multipliers.empty()) {
+    const internal::ProfileData& d = out.profile->data();
+    const std::vector<float> f = internal::ProfileData::StepFactors(rep.weights);
+    for (size_t j = 0; j < rep.joint_multipliers.size(); ++j) {
+      double sum = 0;
+      for (uint32_t sec = 0; sec < f.size(); ++sec) sum += d.SectionKl(sec, rep.joint_multipliers[j] * f[sec]);
+      // Points that say nothing (no change, or not beyond the previous prediction) are left out.
+      const float p = static_cast<float>(sum), m = static_cast<float>(rep.joint_kl[j]);
+      if (!(p > 0 && m > 0) || (!curve.joint_predicted.empty() && !(p > curve.joint_predicted.back()))) continue;
+      curve.joint_predicted.push_back(p);
+      curve.joint_measured.push_back(m);
+    }
+    CG_ASSIGN_OR_RETURN(out.profile, out.profile->WithSensitivity(rep.weights, curve));
+  }
   return out;
 }
 

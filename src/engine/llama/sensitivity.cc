@@ -55,6 +55,38 @@ double MeanKL(const std::vector<std::vector<float>>& exact, const std::vector<st
   return sum;
 }
 
+// The joint pass: every section at once at m x its step factor, per
+// multiplier of o.joint_multipliers (after the weights, which set the factors).
+Status MeasureJoint(LlamaContext& ctx, std::span<const std::vector<int32_t>> windows, const internal::ProfileData& d,
+                    bool lloyd, const SensitivityOptions& o, SensitivityReport* rep) {
+  const uint32_t N = o.context, M = o.continuation, sections = d.layers * 2;
+  const std::vector<float> f = internal::ProfileData::StepFactors(rep->weights);
+  rep->joint_multipliers = o.joint_multipliers;
+  rep->joint_kl.assign(o.joint_multipliers.size(), 0);
+  if (o.joint_multipliers.empty()) return Status::Ok();
+  std::vector<std::vector<float>> exact, got;
+  for (size_t wi = 0; wi < windows.size(); ++wi) {
+    const std::vector<int32_t>& w = windows[wi];
+    ctx.Clear();
+    CG_RETURN_IF_ERROR(ctx.Eval(std::span<const int32_t>(w).first(N), 0));
+    CG_ASSIGN_OR_RETURN(CapturedKV cap, ctx.Capture(0));
+    CG_RETURN_IF_ERROR(ctx.Inject(0, cap.kv.view(), cap.positions));
+    CG_RETURN_IF_ERROR(TeacherForcedLogProbs(ctx, w, N, M, &exact));
+    KVTensor work = cap.kv;
+    for (size_t j = 0; j < o.joint_multipliers.size(); ++j) {
+      for (uint32_t sec = 0; sec < sections; ++sec)
+        CG_RETURN_IF_ERROR(QuantizeSection(d, lloyd, sec, static_cast<float>(o.joint_multipliers[j] * f[sec]),
+                                           cap.kv.view(), work.view()));
+      CG_RETURN_IF_ERROR(ctx.Inject(0, work.view(), cap.positions));
+      CG_RETURN_IF_ERROR(TeacherForcedLogProbs(ctx, w, N, M, &got));
+      rep->joint_kl[j] += MeanKL(exact, got);
+    }
+    if (o.progress) o.progress(fmt::format("sensitivity: joint calibration, window {}/{} done", wi + 1, windows.size()));
+  }
+  for (double& kl : rep->joint_kl) kl /= double(windows.size()) * M;
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<SensitivityReport> MeasureSensitivity(const std::shared_ptr<LlamaModel>& model,
@@ -70,6 +102,10 @@ Result<SensitivityReport> MeasureSensitivity(const std::shared_ptr<LlamaModel>& 
     if (!(s > 0 && s < 1e6)) return Status::InvalidArgument("sensitivity: steps must be in (0, 1e6)");
   if (o.steps.size() > 16 || std::adjacent_find(o.steps.begin(), o.steps.end(), std::greater_equal<>()) != o.steps.end())
     return Status::InvalidArgument("sensitivity: at most 16 steps, each larger than the one before");
+  const auto& jm = o.joint_multipliers;
+  if (jm.size() > 16 || std::adjacent_find(jm.begin(), jm.end(), std::greater_equal<>()) != jm.end() ||
+      std::any_of(jm.begin(), jm.end(), [](double m) { return !(m > 0 && m < 1e6); }))
+    return Status::InvalidArgument("sensitivity: at most 16 joint multipliers in (0, 1e6), each larger than the one before");
   const uint32_t N = o.context, M = o.continuation, sections = d.layers * 2;
   LlamaContextOptions co;
   co.n_ctx = N + M + 8;
@@ -150,6 +186,7 @@ Result<SensitivityReport> MeasureSensitivity(const std::shared_ptr<LlamaModel>& 
     }
     rep.weights[sec] = static_cast<float>(std::clamp(std::exp(log_sum / double(fitted)), 1e-30, 1e30));
   }
+  CG_RETURN_IF_ERROR(MeasureJoint(*ctx, windows, d, lloyd, o, &rep));
   return rep;
 }
 

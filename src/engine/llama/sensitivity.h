@@ -26,6 +26,10 @@ struct SensitivityOptions {
   // predicts KL: the coarser ones cover the low rates (on docs6L a KL target
   // of 1e-3 puts key sections at steps near 10).
   std::vector<double> steps = {0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0};
+  // Multipliers m at which every section is quantized at once, at m times
+  // its step factor (as a KL target codes them), to calibrate the sum of the
+  // sections' curves against the joint effect; rising, at most 16, may be empty.
+  std::vector<double> joint_multipliers = {0.25, 1.0, 4.0, 16.0};
   uint32_t threads = 0;  // llama.cpp threads (0: its default)
   std::function<void(const std::string&)> progress;  // may be empty
 };
@@ -40,6 +44,9 @@ struct SensitivityReport {
   // steps up to 1 (all of them when none is) (the high-rate model KL ≈ w
   // step^2, fitted in relative terms).
   std::vector<float> weights;
+  // Per joint multiplier: the mean KL with every section quantized at m
+  // times its step factor (internal::ProfileData::StepFactors of weights).
+  std::vector<double> joint_multipliers, joint_kl;
   // The mean KL of an 8-bit cache (SensitivityCurve::q8_kl) and which one:
   // llama.cpp's q8_0 cache where the model runs it, else the q8 codec.
   double q8_kl = 0;
