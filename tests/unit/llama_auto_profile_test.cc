@@ -1,6 +1,6 @@
 // Automatic model profiles (src/engine/llama/auto_profile.h) on the tiny
 // random-weight model: learned once from the model's own text, then read
-// from the cache folder; a damaged cache file is learned anew.
+// from the cache folder; a damaged cache file is not used.
 #include "engine/llama/auto_profile.h"
 
 #include <filesystem>
@@ -53,12 +53,15 @@ TEST_F(AutoProfileTest, LearnsOnceThenReadsTheCache) {
   EXPECT_FALSE(second->learned);
   EXPECT_EQ(second->profile->id(), first->profile->id());
 
-  std::ofstream(first->path, std::ios::binary | std::ios::trunc) << "not a profile";
-  auto third = engine::AutoModelProfile(o);
-  ASSERT_TRUE(third.ok()) << third.status().ToString();
-  EXPECT_TRUE(third->learned);
-  EXPECT_EQ(third->profile->id(), first->profile->id());  // the same model learns the same profile
+  auto cached = engine::CachedModelProfile(o);
+  ASSERT_TRUE(cached.ok()) << cached.status().ToString();
+  EXPECT_EQ(cached->profile->id(), first->profile->id());
   EXPECT_EQ(RegisterCachedProfiles(dir), 1u);
+  // A damaged cache file is not used: the cache has no profile of the model
+  // (AutoModelProfile then learns it again, as the first time).
+  std::ofstream(first->path, std::ios::binary | std::ios::trunc) << "not a profile";
+  EXPECT_EQ(engine::CachedModelProfile(o).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(RegisterCachedProfiles(dir), 0u);
   std::filesystem::remove_all(dir);
 }
 
