@@ -37,6 +37,9 @@ TEST_F(AutoProfileTest, LearnsOnceThenReadsTheCache) {
   engine::AutoProfileOptions o;
   o.model_path = path_;
   o.cache_dir = dir;
+  o.windows = 2;  // small and quick; the defaults learn from 8 x (384 + 128)
+  o.context = 64;
+  o.continuation = 16;
   auto first = engine::AutoModelProfile(o);
   ASSERT_TRUE(first.ok()) << first.status().ToString();
   EXPECT_TRUE(first->learned);

@@ -23,19 +23,23 @@ namespace fs = std::filesystem;
 
 // What an automatic profile is learned from (a change here must change
 // kAutoProfileSettings, so that profiles made otherwise are not read).
-constexpr uint32_t kAutoWindows = 8, kAutoContext = 384, kAutoContinuation = 128;
 constexpr uint64_t kAutoSeed = 0x6361636865676e31;  // fixed: the same model learns the same profile
 
 double SecondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// The fingerprint as a file name: letters, digits, '.', '-' and '_' only.
-std::string FileNameOf(const std::string& fingerprint) {
+// The cache file name: the fingerprint (letters, digits, '.', '-' and '_'
+// only), the settings, and the windows when they are not the defaults.
+std::string FileNameOf(const std::string& fingerprint, const AutoProfileOptions& o) {
   std::string s = fingerprint;
   for (char& c : s)
     if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-') c = '_';
-  return s + "-" + kAutoProfileSettings + ".cgprof";
+  const AutoProfileOptions defaults;
+  const bool other = o.windows != defaults.windows || o.context != defaults.context ||
+                     o.continuation != defaults.continuation;
+  return s + "-" + kAutoProfileSettings +
+         (other ? fmt::format("-w{}c{}m{}", o.windows, o.context, o.continuation) : std::string()) + ".cgprof";
 }
 
 // A cached profile, when the file holds a valid one that fits the model.
@@ -86,7 +90,7 @@ Result<AutoProfile> LookUpCache(const AutoProfileOptions& o, const std::shared_p
                                 std::chrono::steady_clock::time_point t0) {
   CG_ASSIGN_OR_RETURN(const std::string fingerprint, ModelFingerprint(o.model_path, model->info()));
   AutoProfile out;
-  out.path = (fs::path(o.cache_dir.empty() ? DefaultProfileCacheDir() : o.cache_dir) / FileNameOf(fingerprint)).string();
+  out.path = (fs::path(o.cache_dir.empty() ? DefaultProfileCacheDir() : o.cache_dir) / FileNameOf(fingerprint, o)).string();
   if ((out.profile = ReadCached(out.path, model->info()))) {
     RegisterProfile(out.profile);
     out.seconds = SecondsSince(t0);
@@ -143,13 +147,13 @@ Result<AutoProfile> AutoModelProfile(const AutoProfileOptions& o) {
   if (o.progress) o.progress("profile: learning this model's profile from text it writes itself (once per model)");
   ModelProfileOptions po;
   po.model_path = o.model_path;
-  po.contexts = kAutoWindows;
-  po.context = kAutoContext;
-  po.continuation = kAutoContinuation;
+  po.contexts = o.windows;
+  po.context = o.context;
+  po.continuation = o.continuation;
   po.threads = o.threads;
   po.tuning.quantizer = CodecConfig::Quantizer::kLloyd;  // as `profile train`
   po.progress = o.progress;
-  CG_ASSIGN_OR_RETURN(po.windows, SampleModelWindows(model, kAutoWindows, kAutoContext + kAutoContinuation + 1,
+  CG_ASSIGN_OR_RETURN(po.windows, SampleModelWindows(model, o.windows, o.context + o.continuation + 1,
                                                      kAutoSeed, o.threads));
   CG_ASSIGN_OR_RETURN(ModelProfile learned, TrainModelProfile(po));
   out.profile = learned.profile;

@@ -22,6 +22,10 @@ struct AutoProfileOptions {
   std::string model_path;
   std::string cache_dir;  // empty: DefaultProfileCacheDir() (codec/cachegen/profile_cache.h)
   uint32_t threads = 0;   // llama.cpp threads (0: its default)
+  // What it is learned from: windows of context + continuation tokens the
+  // model samples. Other values than these defaults (tests: smaller, faster)
+  // are part of the cache file's name, so such profiles are kept apart.
+  uint32_t windows = 8, context = 384, continuation = 128;
   std::function<void(const std::string&)> progress;  // one line per step; may be empty
 };
 
