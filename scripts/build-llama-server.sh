@@ -5,7 +5,11 @@
 # it (a CPU-only build of the llama-server target: 305 s at -j2 on a 2-core
 # VM). tests/unit/llama_server_slot_test.cc uses it when it is there (or
 # CACHEGEN_LLAMA_SERVER names another binary).
-# Idempotent: does nothing when the STAMP names this version.
+# Idempotent: does nothing when the STAMP names this version. A build is also
+# kept outside the clone, keyed by the version, in
+# ${CACHEGEN_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/cachegen}/llama-server/<version>/,
+# so that a fresh clone on the same machine (a CI rerun) copies it instead of
+# building again; a new machine still builds it.
 # Usage: scripts/build-llama-server.sh [-jN]   (default -j2). Needs npm, git, tar, cmake, ninja, a C++ compiler.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,8 +20,26 @@ DEST=".deps/llama-server"
 STAMP="node-llama-cpp@${VERSION} llama.cpp ${TAG} llama-server"
 JOBS="${1:--j2}"
 
-if [ -f "$DEST/STAMP" ] && [ "$(cat "$DEST/STAMP")" = "$STAMP" ] && [ -x "$DEST/bin/llama-server" ]; then
+CACHE="${CACHEGEN_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/cachegen}/llama-server/${VERSION}-${TAG}"
+
+# A complete build (STAMP and binary) in folder $1.
+complete() { [ -f "$1/STAMP" ] && [ "$(cat "$1/STAMP")" = "$STAMP" ] && [ -x "$1/bin/llama-server" ]; }
+# Copies folder $1 to folder $2 through a temporary one, so $2 is whole or absent.
+install_copy() {
+  rm -rf "$2.tmp"
+  mkdir -p "$(dirname "$2")"
+  cp -r "$1" "$2.tmp"
+  rm -rf "$2"
+  mv "$2.tmp" "$2"
+}
+
+if complete "$DEST"; then
   echo "build-llama-server: $STAMP already in $DEST"
+  exit 0
+fi
+if complete "$CACHE"; then
+  install_copy "$CACHE" "$DEST"
+  echo "build-llama-server: $STAMP copied from $CACHE"
   exit 0
 fi
 for tool in npm git tar cmake ninja; do
@@ -42,10 +64,13 @@ start=$(date +%s)
 ninja -C "$work/build" "$JOBS" llama-server
 echo "build-llama-server: built in $(( $(date +%s) - start )) s"
 
-rm -rf "$DEST.tmp"
-mkdir -p "$DEST.tmp/bin"
-cp "$work/build/bin/llama-server" "$DEST.tmp/bin/"
-echo "$STAMP" >"$DEST.tmp/STAMP"
-rm -rf "$DEST"
-mv "$DEST.tmp" "$DEST"
+mkdir -p "$work/out/bin"
+cp "$work/build/bin/llama-server" "$work/out/bin/"
+echo "$STAMP" >"$work/out/STAMP"
+install_copy "$work/out" "$DEST"
 echo "build-llama-server: $STAMP in $DEST"
+if install_copy "$work/out" "$CACHE" 2>/dev/null; then
+  echo "build-llama-server: kept in $CACHE for later clones"
+else
+  echo "build-llama-server: could not keep a copy in $CACHE (later clones build again)" >&2
+fi
