@@ -98,19 +98,19 @@ int RunBenchRepeat(BenchRepeatArgs a) {
   Result<ModelAndText> loaded = LoadModelAndText("bench-repeat", a.model, a.text);
   if (!loaded.ok()) return Fail(loaded.status());
   a.model = loaded->model_path;
-  const std::shared_ptr<LlamaModel>* model = &loaded->model;
+  const std::shared_ptr<LlamaModel>& model = loaded->model;
   const std::string& text_source = loaded->text_source;
-  const std::vector<std::vector<int32_t>> prompts = engine::MakeWindows(**model, loaded->text, a.prompt_tokens, a.prompts);
+  const std::vector<std::vector<int32_t>> prompts = engine::MakeWindows(*model, loaded->text, a.prompt_tokens, a.prompts);
   if (prompts.empty())
     return Fail(Status::InvalidArgument(fmt::format("the text has no window of {} tokens", a.prompt_tokens)));
-  const LlamaModelInfo& info = (*model)->info();
+  const LlamaModelInfo& info = model->info();
   const double values_per_token = 2.0 * info.layers * info.kv_heads * info.head_dim;
   std::vector<ModeResult> results;
   for (const std::string& mode : SplitList(a.modes)) {
     std::vector<double> kls = {0};
     if (mode == "default" && !a.best_kl.empty()) kls = a.best_kl;
     for (double kl : kls) {
-      Result<ModeResult> r = RunMode(mode, kl, a, *model, prompts);
+      Result<ModeResult> r = RunMode(mode, kl, a, model, prompts);
       if (!r.ok()) return Fail(r.status());
       results.push_back(std::move(*r));
     }

@@ -28,9 +28,9 @@ int RunCapture(CaptureArgs a) {
   Result<ModelAndText> loaded = LoadModelAndText("capture", a.model, a.text);
   if (!loaded.ok()) return Fail(loaded.status());
   a.model = loaded->model_path;
-  const std::shared_ptr<LlamaModel>* model = &loaded->model;
+  const std::shared_ptr<LlamaModel>& model = loaded->model;
   const std::string& text_source = loaded->text_source;
-  const auto windows = engine::MakeWindows(**model, loaded->text, a.context, a.window + 1);
+  const auto windows = engine::MakeWindows(*model, loaded->text, a.context, a.window + 1);
   if (windows.size() <= a.window)
     return Fail(Status::InvalidArgument(fmt::format("the text has {} window(s) of {} tokens at document starts; "
                                                     "--window {} needs more",
@@ -39,13 +39,13 @@ int RunCapture(CaptureArgs a) {
   co.n_ctx = a.context + 8;
   co.cache_type = a.cache_type;
   co.threads = a.threads;
-  Result<std::unique_ptr<LlamaContext>> ctx = LlamaContext::Create(*model, co);
+  Result<std::unique_ptr<LlamaContext>> ctx = LlamaContext::Create(model, co);
   if (!ctx.ok()) return Fail(ctx.status());
   if (Status st = (*ctx)->Eval(windows[a.window], 0); !st.ok()) return Fail(st);
   Result<CapturedKV> cap = (*ctx)->Capture(0);
   if (!cap.ok()) return Fail(cap.status());
   if (!PositionsFrom(cap->positions, 0)) return Fail(Status::Internal("captured positions are not 0..N-1"));
-  const RopeConfig rope = CodecRope((*model)->info());
+  const RopeConfig rope = CodecRope(model->info());
   KVMetadata meta = RopeMetadata(rope);
   meta["model"] = a.model.substr(a.model.find_last_of('/') + 1);
   meta["text"] = text_source;

@@ -66,10 +66,9 @@ void ShareProfile(ChunkStore& store, const ChunkKey& key, const Profile& p) {
 // then touches nothing of the server's.
 class ProfileLearner {
  public:
-  void Start(std::string model_path, LlamaCompletionEngine* engine, ChunkStore* store, ChunkKey key, double max_kl) {
-    thread_ = std::thread([s = state_, model_path, engine, store, key, max_kl] {
-      engine::AutoProfileOptions o;
-      o.model_path = model_path;
+  void Start(engine::AutoProfileOptions o, LlamaCompletionEngine* engine, ChunkStore* store, ChunkKey key,
+             double max_kl) {
+    thread_ = std::thread([s = state_, o, engine, store, key, max_kl] {
       Result<engine::AutoProfile> p = engine::AutoModelProfile(o);
       std::lock_guard lock(s->mu);
       if (s->stopped) return;
@@ -148,13 +147,16 @@ int RunLlamaServe(LlamaServeArgs a) {
   const bool auto_profile = a.profile.empty() && a.engine.codec.codec == "cachegen";
   const ChunkKey profile_key = ModelProfileKey(*fp, engine::kAutoProfileSettings);
   std::string profile_note = a.profile.empty() ? "" : a.profile;
+  // The server's model and fingerprint: the profile's lookup and learning load and hash nothing again.
+  engine::AutoProfileOptions auto_options;
+  auto_options.model_path = a.model;
+  auto_options.model = *model;
+  auto_options.fingerprint = *fp;
   if (auto_profile) {
     std::shared_ptr<const Profile> p = ReadSharedProfile(**store, profile_key, (*model)->info());
     profile_note = "automatic, shared through the store";
     if (!p) {
-      engine::AutoProfileOptions o;
-      o.model_path = a.model;
-      if (Result<engine::AutoProfile> cached = engine::CachedModelProfile(o); cached.ok()) {
+      if (Result<engine::AutoProfile> cached = engine::CachedModelProfile(auto_options); cached.ok()) {
         p = cached->profile;
         profile_note = "automatic, " + cached->source;
         ShareProfile(**store, profile_key, *p);
@@ -174,7 +176,7 @@ int RunLlamaServe(LlamaServeArgs a) {
   if (a.engine.defer_caching) {
     std::printf("cachegen llama-serve: learning this model's profile in the background (once per model); until it is "
                 "ready prompts are prefilled and not cached\n");
-    learner.Start(a.model, engine->get(), store->get(), profile_key, a.engine.codec.max_kl);
+    learner.Start(auto_options, engine->get(), store->get(), profile_key, a.engine.codec.max_kl);
   }
 
   serve::CompletionServerOptions so;

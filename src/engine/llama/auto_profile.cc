@@ -84,11 +84,20 @@ int32_t SampleToken(std::span<const float> logits, double u) {
   return static_cast<int32_t>(logits.size() - 1);
 }
 
+// The options' model, loaded from its path unless given.
+Result<std::shared_ptr<LlamaModel>> ModelOf(const AutoProfileOptions& o) {
+  if (o.model) return o.model;
+  return LlamaModel::Load(o.model_path);
+}
+
 // The cache file of the model at `model_path`, and the cached profile when
 // valid (else null).
 Result<AutoProfile> LookUpCache(const AutoProfileOptions& o, const std::shared_ptr<LlamaModel>& model,
                                 std::chrono::steady_clock::time_point t0) {
-  CG_ASSIGN_OR_RETURN(const std::string fingerprint, ModelFingerprint(o.model_path, model->info()));
+  std::string fingerprint = o.fingerprint;
+  if (fingerprint.empty()) {
+    CG_ASSIGN_OR_RETURN(fingerprint, ModelFingerprint(o.model_path, model->info()));
+  }
   AutoProfile out;
   out.path = (fs::path(o.cache_dir.empty() ? DefaultProfileCacheDir() : o.cache_dir) / FileNameOf(fingerprint, o)).string();
   if ((out.profile = ReadCached(out.path, model->info()))) {
@@ -133,7 +142,7 @@ Result<std::vector<std::vector<int32_t>>> SampleModelWindows(const std::shared_p
 
 Result<AutoProfile> CachedModelProfile(const AutoProfileOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
-  CG_ASSIGN_OR_RETURN(std::shared_ptr<LlamaModel> model, LlamaModel::Load(o.model_path));
+  CG_ASSIGN_OR_RETURN(std::shared_ptr<LlamaModel> model, ModelOf(o));
   CG_ASSIGN_OR_RETURN(AutoProfile out, LookUpCache(o, model, t0));
   if (!out.profile) return Status::NotFound("no automatic profile of this model in " + out.path);
   return out;
@@ -141,12 +150,13 @@ Result<AutoProfile> CachedModelProfile(const AutoProfileOptions& o) {
 
 Result<AutoProfile> AutoModelProfile(const AutoProfileOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
-  CG_ASSIGN_OR_RETURN(std::shared_ptr<LlamaModel> model, LlamaModel::Load(o.model_path));
+  CG_ASSIGN_OR_RETURN(std::shared_ptr<LlamaModel> model, ModelOf(o));
   CG_ASSIGN_OR_RETURN(AutoProfile out, LookUpCache(o, model, t0));
   if (out.profile) return out;
   if (o.progress) o.progress("profile: learning this model's profile from text it writes itself (once per model)");
   ModelProfileOptions po;
   po.model_path = o.model_path;
+  po.model = model;
   po.contexts = o.windows;
   po.context = o.context;
   po.continuation = o.continuation;

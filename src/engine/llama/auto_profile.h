@@ -20,6 +20,11 @@ namespace cachegen::engine {
 
 struct AutoProfileOptions {
   std::string model_path;
+  // The model already loaded from model_path, and its ModelFingerprint, when
+  // the caller has them (a server): not loaded or hashed again. Null / empty:
+  // loaded and computed here.
+  std::shared_ptr<LlamaModel> model;
+  std::string fingerprint;
   std::string cache_dir;  // empty: DefaultProfileCacheDir() (codec/cachegen/profile_cache.h)
   uint32_t threads = 0;   // llama.cpp threads (0: its default)
   // What it is learned from: windows of context + continuation tokens the

@@ -33,7 +33,10 @@ std::vector<std::vector<float>> WeightGrams(const ModelProfileOptions& o, const 
 }  // namespace
 
 Result<ModelProfile> TrainModelProfile(const ModelProfileOptions& o) {
-  CG_ASSIGN_OR_RETURN(std::shared_ptr<LlamaModel> model, LlamaModel::Load(o.model_path));
+  std::shared_ptr<LlamaModel> model = o.model;
+  if (!model) {
+    CG_ASSIGN_OR_RETURN(model, LlamaModel::Load(o.model_path));
+  }
   const uint32_t length = o.context + o.continuation + 1;
   std::vector<std::vector<int32_t>> windows;
   if (o.windows.empty()) {

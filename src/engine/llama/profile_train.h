@@ -21,6 +21,7 @@ inline constexpr uint32_t kValueCodingMinHeadDim = 32;
 
 struct ModelProfileOptions {
   std::string model_path;
+  std::shared_ptr<LlamaModel> model;  // model_path already loaded, or null (loaded here)
   std::string text;  // stories separated by lines "<|endoftext|>"
   // Token windows to learn from instead of `text` (each at least context +
   // continuation + 1 tokens, position 0 first); `skip` applies to them too.
