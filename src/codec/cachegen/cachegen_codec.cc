@@ -347,13 +347,7 @@ class CacheGenCodec final : public Codec {
       CG_ASSIGN_OR_RETURN(const std::vector<float> factors, KlStepFactors(cfg, n));
       const double m = MultiplierForKl(cfg.profile->data(), factors, target);
       for (uint32_t i = 0; i < n; ++i) steps[i] = static_cast<float>(std::clamp(m * factors[i], 1e-6, 1e6));
-      if (memo->deltas.empty()) {
-        memo->deltas.resize(n);
-        CG_RETURN_IF_ERROR(ParallelFor(n, cfg.threads, [&](uint64_t i) {
-          memo->deltas[i] = a[i]->PreferDelta(factors[i]);
-          return Status::Ok();
-        }));
-      }
+      CG_RETURN_IF_ERROR(MemoDeltas(a, factors, 1, cfg.threads, memo));
       deltas = memo->deltas;
     } else if (cfg.snr_db > 0) {
       const double snr = cfg.snr_db - kLevelSnrStepDb * level;
@@ -370,6 +364,18 @@ class CacheGenCodec final : public Codec {
     }
     return ParallelFor(n, cfg.threads, [&](uint64_t i) {
       a[i]->QuantizeStreams(steps[i], deltas[i], 1, &(*q)[i]);
+      return Status::Ok();
+    });
+  }
+
+  // The delta choices of every level (made once per chunk at the sections'
+  // unit steps, on one token group in `sample_every`), kept in the memo.
+  static Status MemoDeltas(const Analyses& a, const std::vector<float>& factors, uint32_t sample_every,
+                           uint32_t threads, RateMemo* memo) {
+    if (!memo->deltas.empty()) return Status::Ok();
+    memo->deltas.resize(a.size());
+    return ParallelFor(a.size(), threads, [&](uint64_t i) {
+      memo->deltas[i] = a[i]->PreferDelta(factors[i], sample_every);
       return Status::Ok();
     });
   }
@@ -455,13 +461,9 @@ class CacheGenCodec final : public Codec {
       return LayerFactor(i / 2, s.layers, cfg.layer_slope) * (i % 2 == 0 ? key_scale : 1.0f);
     };
     auto step_at = [&](double log_step, uint32_t i) { return static_cast<float>(std::exp2(log_step)) * factor(i); };
-    if (memo->deltas.empty()) {
-      memo->deltas.resize(n);
-      CG_RETURN_IF_ERROR(ParallelFor(n, cfg.threads, [&](uint64_t i) {
-        memo->deltas[i] = a[i]->PreferDelta(factor(uint32_t(i)), sample_every);
-        return Status::Ok();
-      }));
-    }
+    std::vector<float> factors(n);
+    for (uint32_t i = 0; i < n; ++i) factors[i] = factor(i);
+    CG_RETURN_IF_ERROR(MemoDeltas(a, factors, sample_every, cfg.threads, memo));
     const std::vector<uint8_t>& deltas = memo->deltas;
     // Bits per value of the sections quantized into qs at log_step.
     auto bits_at = [&](double log_step, uint32_t every, std::vector<QuantizedSection>* qs) -> Result<double> {
