@@ -77,6 +77,19 @@ Status Plot(const engine::EvalReport& rep, const std::string& png) {
   return Status::Ok();
 }
 
+// A comma list of rate targets, each a number in (0, max].
+Result<std::vector<double>> RateList(const std::string& list, const std::string& option, double max) {
+  std::vector<double> out;
+  for (const auto& item : SplitList(list)) {
+    char* end = nullptr;
+    const double v = std::strtod(item.c_str(), &end);
+    if (end == item.c_str() || *end || !(v > 0) || v > max)
+      return Status::InvalidArgument("bad " + option + " value '" + item + "'");
+    out.push_back(v);
+  }
+  return out;
+}
+
 nlohmann::json Num(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
 
 int RunEval(EvalArgs a) {
@@ -93,19 +106,12 @@ int RunEval(EvalArgs a) {
   o.text = std::move(*text);
   o.model_path = a.model;
   o.codecs = SplitList(a.codecs);
-  for (const auto& b : SplitList(a.bits)) {
-    char* end = nullptr;
-    const double v = std::strtod(b.c_str(), &end);
-    if (end == b.c_str() || *end || !(v > 0) || v > 32) return Fail(Status::InvalidArgument("bad --bits value '" + b + "'"));
-    o.bits.push_back(v);
-  }
-  for (const auto& k : SplitList(a.max_kl)) {
-    char* end = nullptr;
-    const double v = std::strtod(k.c_str(), &end);
-    if (end == k.c_str() || *end || !(v > 0) || v > 100)
-      return Fail(Status::InvalidArgument("bad --max-kl value '" + k + "'"));
-    o.max_kl.push_back(v);
-  }
+  Result<std::vector<double>> bits = RateList(a.bits, "--bits", 32);
+  if (!bits.ok()) return Fail(bits.status());
+  o.bits = std::move(*bits);
+  Result<std::vector<double>> max_kl = RateList(a.max_kl, "--max-kl", 100);
+  if (!max_kl.ok()) return Fail(max_kl.status());
+  o.max_kl = std::move(*max_kl);
   o.context = a.context;
   o.continuation = a.continuation;
   o.windows = a.windows;
