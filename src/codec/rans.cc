@@ -1362,6 +1362,10 @@ void BuildDecodeTable(const FreqTable& table, DecodeTable* out) {
   out->escape = table.escape;
 }
 
+void BuildValueTable(const FreqTable& table, uint32_t* entries) {
+  BuildTable(table.freq.data(), table.escape, entries, TableForm::kZigZagValues);
+}
+
 Status ParseStreamWithTables(ByteReader& in, std::span<const DecodeTable* const> cycle, std::span<uint32_t> out,
                              TableStream* s) {
   s->n = out.size();

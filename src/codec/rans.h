@@ -110,6 +110,9 @@ struct DecodeTable {
   uint32_t escape = 0;
 };
 void BuildDecodeTable(const FreqTable& table, DecodeTable* out);
+// The same table in form TableForm::kZigZagValues (kProbScale entries), for
+// decoders that consume values as they decode (the fused section decoder).
+void BuildValueTable(const FreqTable& table, uint32_t* entries);
 // Reads a stream written by EncodeStreamWithTables with the same cycle (as
 // decode tables) into out (exactly out.size() symbols). Untrusted input, as
 // DecodeStream; a mode-2 stream (inline table) is kCorrupt here.

@@ -14,12 +14,15 @@
 #include <vector>
 
 #include "cachegen/codec.h"
+#include "cachegen/profile.h"
 #include "codec/cachegen/fused_decode.h"
 #include "codec/cachegen/head_transform.h"
+#include "codec/cachegen/profile_data.h"
 #include "codec/cachegen/rope.h"
 #include "codec/cachegen/section_coder.h"
 #include "codec/rans.h"
 #include "common/simd.h"
+#include "kv/synthetic.h"
 
 namespace cachegen {
 namespace {
@@ -513,6 +516,124 @@ TEST_F(SimdParity, FusedPathRopeCoverage) {
     EXPECT_EQ(scalar.f16, vec.f16) << int(c.rope.kind) << "/" << c.rope.dims;
     EXPECT_EQ(scalar.bf16, vec.bf16) << int(c.rope.kind) << "/" << c.rope.dims;
     EXPECT_EQ(0, std::memcmp(scalar.f32.data(), vec.f32.data(), vec.f32.size() * sizeof(float)));
+  }
+}
+
+// Frames coded with a model profile as `profile train` makes it by default
+// (profile tables, channel classes, lloyd codebooks, key and value head
+// transforms, keys with RoPE): the fused schedule takes them and gives the
+// scalar reference's bytes in every dtype, on intact frames and on frames
+// with a byte flipped inside a section (same verdict, same output).
+TEST_F(SimdParity, ProfileFramesDecodeIdenticallyOnTheFusedPath) {
+  using K = RopeConfig::Kind;
+  struct Case {
+    RopeConfig rope;
+    uint32_t group_tokens;
+    bool value_classes;
+    double bits;
+  };
+  const Case cases[] = {
+      {Rope(K::kNormal, 64), 0, false, 3.0},  // the default quality path (G = 2)
+      {Rope(K::kNeox, 64), 3, true, 4.0},     // groups of 3, V classes too
+      {RopeConfig{}, 1, false, 5.0},          // no deltas, no RoPE
+      {Rope(K::kNormal, 40), 0, false, 2.5},  // RoPE dims across 8-dim blocks
+  };
+  const KVShape train_shape{2, 3, 64, 512};
+  for (const Case& c : cases) {
+    const KVTensor kv = *SyntheticKV(train_shape, DType::kF16, 77);
+    CodecConfig cfg;
+    cfg.codec = "cachegen";
+    cfg.rope = c.rope;
+    cfg.group_tokens = c.group_tokens;
+    cfg.quantizer = CodecConfig::Quantizer::kLloyd;
+    ProfileTrainOptions o;
+    o.value_transform = true;
+    o.value_channel_classes = c.value_classes;
+    const KVTensor train = kv.Slice(0, 256);
+    const KVView views[] = {train.view()};
+    auto prof = Profile::Train(views, cfg, o);
+    ASSERT_TRUE(prof.ok()) << prof.status().ToString();
+    RegisterProfile(*prof);
+    cfg.profile = *prof;
+    cfg.bits_per_value = c.bits;
+    cfg.chunk_tokens = 256;
+    cfg.threads = 1;
+    const KVTensor held_out = kv.Slice(256, 256);
+    auto bytes = Encoder::Create(cfg)->Encode(held_out.view());
+    ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+    auto dec = Decoder::Open(*bytes);
+    ASSERT_TRUE(dec.ok()) << dec.status().ToString();
+    const std::string what = "rope " + std::to_string(int(c.rope.kind)) + "/" + std::to_string(c.rope.dims) + " G " +
+                             std::to_string(c.group_tokens);
+    for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
+      simd::SetEnabled(false);
+      auto scalar = dec->Decode(dt, 0, 1);
+      simd::SetEnabled(true);
+      const uint64_t fused0 = internal::FusedBatchesOnThisThread();
+      auto vec = dec->Decode(dt, 0, 1);
+      const uint64_t fused = internal::FusedBatchesOnThisThread() - fused0;
+      ASSERT_TRUE(scalar.ok() && vec.ok()) << scalar.status().ToString() << " " << vec.status().ToString();
+      EXPECT_GT(fused, 0u) << what;
+      ASSERT_EQ(scalar->size_bytes(), vec->size_bytes());
+      ASSERT_EQ(0, std::memcmp(scalar->data(), vec->data(), vec->size_bytes())) << what << " " << DTypeName(dt);
+    }
+
+    // Section payloads of the profile's K and V sections of layer 1, intact
+    // and with flipped bytes: the same verdict and output on both paths.
+    std::optional<RopeTable> rope_table;
+    if (c.rope.kind != K::kNone) rope_table.emplace(c.rope, 256, 256);
+    std::mt19937_64 rng(3);
+    int fused_sections = 0;
+    for (uint32_t section : {2u, 3u}) {
+      SectionLayout l;
+      l.tokens = 256;
+      l.kv_heads = train_shape.kv_heads;
+      l.head_dim = train_shape.head_dim;
+      l.group_tokens = (*prof)->data().group_tokens;
+      l.recent_begin = l.tokens;
+      l.profile = &(*prof)->data();
+      l.section = section;
+      l.lloyd = true;
+      l.SetProfileTransform();
+      ASSERT_NE(l.transform, nullptr);
+      std::vector<float> rows(size_t{l.tokens} * l.channels());
+      for (uint32_t t = 0; t < l.tokens; ++t)
+        for (uint32_t h = 0; h < l.kv_heads; ++h)
+          for (uint32_t d = 0; d < l.head_dim; ++d)
+            rows[(size_t{t} * l.kv_heads + h) * l.head_dim + d] =
+                held_out.view().Get(1, section % 2 ? KV::kValue : KV::kKey, t, h, d);
+      std::vector<float> coded(rows.size());
+      for (uint32_t t = 0; t < l.tokens; ++t)
+        for (uint32_t h = 0; h < l.kv_heads; ++h) {
+          const size_t at = (size_t{t} * l.kv_heads + h) * l.head_dim;
+          HeadToCoding(l.transform + size_t{h} * l.head_dim * l.head_dim, &rows[at], &coded[at], l.head_dim);
+        }
+      const SectionAnalysis a(l, coded);
+      const RopeTable* rope = section % 2 == 0 && rope_table ? &*rope_table : nullptr;
+      for (float step : {0.25f, 1.0f}) {
+        std::vector<uint8_t> payload;
+        uint32_t side = 0;
+        a.Encode(step, c.group_tokens != 1, &payload, &side);
+        for (int variant = 0; variant < 25; ++variant) {
+          std::vector<uint8_t> bytes_v = payload;
+          if (variant > 0) bytes_v[rng() % bytes_v.size()] ^= static_cast<uint8_t>(1 + rng() % 255);
+          const SectionOut scalar = DecodeSection(l, bytes_v, false, {}, rope);
+          const SectionOut vec = DecodeSection(l, bytes_v, true, {}, rope);
+          const std::string at = what + " section " + std::to_string(section) + " step " + std::to_string(step) +
+                                 " variant " + std::to_string(variant);
+          ASSERT_EQ(scalar.ok, vec.ok) << at;
+          if (variant == 0) {
+            ASSERT_TRUE(vec.ok) << at;
+            fused_sections += vec.fused > 0;
+          }
+          if (!vec.ok) continue;
+          ASSERT_EQ(scalar.f16, vec.f16) << at;
+          ASSERT_EQ(scalar.bf16, vec.bf16) << at;
+          ASSERT_EQ(0, std::memcmp(scalar.f32.data(), vec.f32.data(), vec.f32.size() * sizeof(float))) << at;
+        }
+      }
+    }
+    EXPECT_GT(fused_sections, 0) << what;
   }
 }
 

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "codec/cachegen/head_transform.h"
 #include "codec/cachegen/rope.h"
 #include "common/bytes.h"
 #include "common/simd.h"
@@ -38,6 +39,7 @@ struct Stream {
   size_t limit = 0;                // words at `words` that are payload
   bool padded = false;
   uint32_t escape = 0;
+  const uint32_t* dim_escape = nullptr;  // per dim (table cycles), else null
   ByteReader esc;
 };
 
@@ -60,10 +62,10 @@ inline const uint8_t* EnsureReadable(Stream& s, const uint8_t* w, size_t need, u
   return PadTail(s, w, need, k);
 }
 
-// pred + float(q) * st: a multiply, then an add (no FMA), the generic path's
+// pred + v * st: a multiply, then an add (no FMA), the generic path's
 // arithmetic.
-__attribute__((target("avx2"), always_inline)) inline __m256 Dequant(__m256i q, __m256 pred, const float* st) {
-  return _mm256_add_ps(pred, _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_loadu_ps(st)));
+__attribute__((target("avx2"), always_inline)) inline __m256 Dequant(__m256 v, __m256 pred, const float* st) {
+  return _mm256_add_ps(pred, _mm256_mul_ps(v, _mm256_loadu_ps(st)));
 }
 
 template <DType kOut>
@@ -84,47 +86,51 @@ __attribute__((target("avx2,f16c"), always_inline)) inline void Store8(uint8_t* 
 // escape symbol's is this marker.
 constexpr int kEscapeMark = -128;
 
-// The decode tables of a batch's streams, which are consecutive
-// ParsedStreams: one base pointer and constant offsets, so that they take no
-// registers in the hot loop.
-struct Tables {
-  const uint8_t* base;
-  const int* operator[](int k) const {
-    return reinterpret_cast<const int*>(base + size_t(k) * sizeof(rans::ParsedStream));
-  }
+// Where a batch's streams look their slots up (FusedStream): per stream its
+// table and, for a table cycle, per-dim entry offsets.
+template <int S>
+struct Lookup {
+  const int* table[S];
+  const int32_t* offset[S];
 };
 
-// One round of stream k: its 8 values, escapes still marked.
+// One round of stream k at dims d..d+7: its 8 values, escapes still marked.
 template <int S>
 __attribute__((target("avx2,bmi2"), always_inline)) inline __m256i Values8(__m256i (&x)[S], const uint8_t* (&w)[S],
-                                                                           Tables tbl, int k) {
+                                                                           const Lookup<S>& lk, int k, uint32_t d) {
   size_t used = 0;
-  const __m256i e = rans::avx2::Round8<true>(x[k], tbl[k], w[k], used);
+  const __m256i off = lk.offset[k] ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lk.offset[k] + d))
+                                   : _mm256_setzero_si256();
+  const __m256i e = rans::avx2::Round8At<true>(x[k], lk.table[k], off, w[k], used);
   w[k] += 2 * used;
   return _mm256_srai_epi32(e, 24);
 }
 
 // Replaces the marked escapes among the 8 values in *q by the values they
-// stand for (UnZigZag(escape symbol + the stream's next escape varint)).
-// False when the escape area runs out or a symbol exceeds 32 bits.
-__attribute__((target("avx2"), noinline, cold)) bool PatchEscapes(__m256i* q, Stream& s) {
+// stand for (UnZigZag(escape symbol + the stream's next escape varint)),
+// the values being those of dims d..d+7. False when the escape area runs out
+// or a symbol exceeds 32 bits.
+__attribute__((target("avx2"), noinline, cold)) bool PatchEscapes(__m256i* q, Stream& s, uint32_t d) {
   alignas(32) int32_t v[8];
   _mm256_store_si256(reinterpret_cast<__m256i*>(v), *q);
-  for (int32_t& x : v) {
+  for (int j = 0; j < 8; ++j) {
+    int32_t& x = v[j];
     if (x != kEscapeMark) continue;
-    const uint64_t d = s.esc.Varint();
-    if (!s.esc.ok() || d > UINT32_MAX - s.escape) return false;
-    const uint32_t u = static_cast<uint32_t>(s.escape + d);
+    const uint32_t escape = s.dim_escape ? s.dim_escape[d + j] : s.escape;
+    const uint64_t more = s.esc.Varint();
+    if (!s.esc.ok() || more > UINT32_MAX - escape) return false;
+    const uint32_t u = static_cast<uint32_t>(escape + more);
     x = static_cast<int32_t>(u >> 1) ^ -static_cast<int32_t>(u & 1);
   }
   *q = _mm256_load_si256(reinterpret_cast<const __m256i*>(v));
   return true;
 }
 
-// One output row of a token group: where it goes (head0, dim 0 in the sink),
-// its steps (channels of head0 on) and, for RoPE keys, its token's cos/sin
-// (pair 0).
+// One output row of a token group: its token, where it goes (head0, dim 0 in
+// the sink), its steps (channels of head0 on) and, for RoPE keys, its token's
+// cos/sin (pair 0).
 struct Row {
+  uint32_t token = 0;
   uint8_t* dst = nullptr;
   const float* st = nullptr;
   const float* cos = nullptr;
@@ -138,7 +144,45 @@ struct RowContext {
   uint32_t rope_dims;    // rotated dims per head (RoPE keys)
   float* stash;          // NeoX RoPE: first-half values [head][row kind][dims / 2]
   float* anchor;         // groups of more than 2 tokens: anchor values [head][D]
+  // Codebook (FusedSection): levels, and per stream kind the level offsets
+  // of the batch's channels; null levels: values are the symbols' own.
+  const float* levels;
+  const int32_t* level_offset[2];
+  uint32_t level_top;
+  // Head transforms: coded-domain rows [head][row kind][D] gathered here,
+  // then turned back by FinishRow; transform_t the batch's first head's U^T.
+  float* coded;
+  const float* transform_t;
+  const SectionSink* sink;
+  uint32_t head0;
+  uint32_t dim;  // D
 };
+
+// The reconstruction level (in steps) of the 8 values q of batch channels
+// c..c+7 in a stream of `kind`: the codebook's level of symbol u =
+// ZigZag(q) when u <= level_top, else q itself (DequantLevels' rule).
+__attribute__((target("avx2"), always_inline)) inline __m256 LevelOf(const RowContext& g, __m256i q, int kind,
+                                                                     size_t c) {
+  const __m256 plain = _mm256_cvtepi32_ps(q);
+  if (!g.levels) return plain;
+  const __m256i u = _mm256_xor_si256(_mm256_slli_epi32(q, 1), _mm256_srai_epi32(q, 31));
+  const __m256i top = _mm256_min_epu32(u, _mm256_set1_epi32(static_cast<int>(g.level_top)));
+  const __m256i in_book = _mm256_cmpeq_epi32(top, u);
+  const __m256i idx = _mm256_add_epi32(
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.level_offset[kind] + c)), top);
+  const __m256 y = _mm256_i32gather_ps(g.levels, idx, 4);
+  return _mm256_blendv_ps(plain, y, _mm256_castsi256_ps(in_book));
+}
+
+// A gathered coded-domain row of head h (kTransform): turned back with the
+// head's U (HeadFromCoding) and stored through the sink, RoPE included,
+// exactly as the generic path does it.
+inline void FinishRow(const RowContext& g, const Row& r, int kind, int h, uint32_t D) {
+  thread_local std::vector<float> x;
+  const float* y = g.coded + (size_t(h) * 2 + kind) * D;
+  HeadFromCoding(g.transform_t + size_t(h) * D * D, y, GrowScratch(x, D), D);
+  g.sink->Store(r.token, g.head0 + h, x.data());
+}
 
 // RoPE of kind kRope (0 none, 1 normal, 2 NeoX) on the 8 values of dims
 // d..d+7 of one row: the rotation's cos and sin in the lanes' order.
@@ -171,10 +215,15 @@ __attribute__((target("avx2,f16c"), always_inline)) inline void Put(uint8_t* dst
 // has its NeoX stash), RoPE redone as RopeTable::Apply does it: products
 // rounded, then the difference or sum (no FMA), so the bytes are the generic
 // path's.
-template <int kRope, bool kNanCheck, DType kOut>
+template <int kRope, bool kNanCheck, DType kOut, bool kTransform>
 __attribute__((target("avx2,f16c"), always_inline)) inline void Emit(const RowContext& g, const Row& r, int kind,
                                                                     int h, uint32_t d, __m256 v, const Angles& a,
                                                                     __m256& nan) {
+  if constexpr (kTransform) {
+    // Gathered in the coding domain; FinishRow stores the whole row.
+    _mm256_storeu_ps(g.coded + (size_t(h) * 2 + kind) * g.dim + d, v);
+    return;
+  }
   constexpr size_t kEsize = kOut == DType::kF32 ? 4 : 2;
   uint8_t* dst = r.dst + h * g.head_bytes;
   if constexpr (kRope == kRopeNormal) {
@@ -209,11 +258,38 @@ inline bool NeedsAngles(uint32_t d, uint32_t dims) {
   return false;
 }
 
-// True when the 8 values hold an escape mark that PatchEscapes cannot resolve.
-__attribute__((target("avx2"), always_inline)) inline bool BadEscape(__m256i* q, Stream& s) {
+// True when the 8 values (of dims d..d+7) hold an escape mark that
+// PatchEscapes cannot resolve.
+__attribute__((target("avx2"), always_inline)) inline bool BadEscape(__m256i* q, Stream& s, uint32_t d) {
   const __m256i m = _mm256_cmpeq_epi32(*q, _mm256_set1_epi32(kEscapeMark));
-  return !_mm256_testz_si256(m, m) && !PatchEscapes(q, s);
+  return !_mm256_testz_si256(m, m) && !PatchEscapes(q, s, d);
 }
+
+// What a group's kernels are instantiated for.
+template <int K, bool kPairs, DType kOut, bool kNanCheck, int kRope, bool kTransform>
+struct BatchKind {
+  static constexpr int kHeads = K;
+  static constexpr bool kHasPairs = kPairs;
+  static constexpr DType kDtype = kOut;
+  static constexpr bool kCheckNan = kNanCheck;
+  static constexpr int kRopeKind = kRope;
+  static constexpr bool kTransformed = kTransform;
+  static constexpr int kStreams = kPairs ? 2 * K : K;
+};
+
+// A batch's decoding state: lane states and read pointers (locals of
+// DecodeBatch whose address is never taken otherwise, so that the output
+// stores cannot alias them), the streams' lookups and side data.
+template <class P>
+struct BatchState {
+  static constexpr int S = P::kStreams;
+  __m256i (&x)[S];
+  const uint8_t* (&w)[S];
+  const Lookup<S>& lk;
+  Stream* s;
+  uint32_t D;
+  const RowContext& g;
+};
 
 // The first two rows of one token group: K heads, each an anchor row (stream
 // 2h with deltas, h without) and with kPair its first delta row (stream 2h + 1).
@@ -222,14 +298,14 @@ __attribute__((target("avx2"), always_inline)) inline bool BadEscape(__m256i* q,
 // seen goes to *lowest, and a group where it is the escape mark is decoded
 // again, checked, from its starting states. Checked, escapes are patched as
 // they come; false on a bad escape.
-template <int K, bool kPairs, bool kPair, bool kChecked, bool kNanCheck, DType kOut, int kRope, int S>
-__attribute__((target("avx2,bmi2,f16c"), always_inline)) inline bool Group(__m256i (&x)[S], const uint8_t* (&w)[S],
-                                                                          Tables tbl, Stream* s, uint32_t D,
-                                                                          const RowContext& g, const Row& ra,
+template <class P, bool kPair, bool kChecked>
+__attribute__((target("avx2,bmi2,f16c"), always_inline)) inline bool Group(BatchState<P>& b, const Row& ra,
                                                                           const Row& rd, __m256i& lowest,
                                                                           __m256& nan) {
-  constexpr int kA = kPairs ? 2 : 1;
-  for (uint32_t d = 0; d < D; d += 8) {
+  constexpr int K = P::kHeads, kA = P::kHasPairs ? 2 : 1, kRope = P::kRopeKind;
+  constexpr DType kOut = P::kDtype;
+  const RowContext& g = b.g;
+  for (uint32_t d = 0; d < b.D; d += 8) {
     Angles aa{}, ad{};
     if (NeedsAngles<kRope>(d, g.rope_dims)) {
       aa = LoadAngles<kRope>(ra, d, g.rope_dims);
@@ -237,24 +313,31 @@ __attribute__((target("avx2,bmi2,f16c"), always_inline)) inline bool Group(__m25
     }
 #pragma GCC unroll 8
     for (int h = 0; h < K; ++h) {
-      __m256i qa = Values8(x, w, tbl, kA * h);
+      __m256i qa = Values8(b.x, b.w, b.lk, kA * h, d);
       __m256i qd = qa;
-      if constexpr (kPair) qd = Values8(x, w, tbl, 2 * h + 1);
+      if constexpr (kPair) qd = Values8(b.x, b.w, b.lk, 2 * h + 1, d);
       if constexpr (kChecked) {
-        if (BadEscape(&qa, s[kA * h])) return false;
-        if (kPair && BadEscape(&qd, s[2 * h + 1])) return false;
+        if (BadEscape(&qa, b.s[kA * h], d)) return false;
+        if (kPair && BadEscape(&qd, b.s[2 * h + 1], d)) return false;
       } else {
         lowest = _mm256_min_epi32(lowest, kPair ? _mm256_min_epi32(qa, qd) : qa);
       }
-      const size_t c = size_t(h) * D + d;
-      const __m256 va = Dequant(qa, _mm256_loadu_ps(g.mean + c), ra.st + c);
+      const size_t c = size_t(h) * b.D + d;
+      const __m256 va = Dequant(LevelOf(g, qa, 0, c), _mm256_loadu_ps(g.mean + c), ra.st + c);
       // Groups of more than 2 tokens predict their later rows from it too.
-      if constexpr (kPairs) _mm256_storeu_ps(g.anchor + c, va);
-      Emit<kRope, kNanCheck, kOut>(g, ra, 0, h, d, va, aa, nan);
+      if constexpr (P::kHasPairs) _mm256_storeu_ps(g.anchor + c, va);
+      Emit<kRope, P::kCheckNan, kOut, P::kTransformed>(g, ra, 0, h, d, va, aa, nan);
       if constexpr (kPair) {
         // Deltas are coded against the anchor's f32 reconstruction (before RoPE).
-        Emit<kRope, kNanCheck, kOut>(g, rd, 1, h, d, Dequant(qd, va, rd.st + c), ad, nan);
+        Emit<kRope, P::kCheckNan, kOut, P::kTransformed>(g, rd, 1, h, d, Dequant(LevelOf(g, qd, 1, c), va, rd.st + c),
+                                                        ad, nan);
       }
+    }
+  }
+  if constexpr (P::kTransformed) {
+    for (int h = 0; h < K; ++h) {
+      FinishRow(g, ra, 0, h, b.D);
+      if constexpr (kPair) FinishRow(g, rd, 1, h, b.D);
     }
   }
   return true;
@@ -262,26 +345,29 @@ __attribute__((target("avx2,bmi2,f16c"), always_inline)) inline bool Group(__m25
 
 // A further delta row of a group of more than 2 tokens (delta streams 2h + 1
 // only, predicted from the anchor values kept by Group).
-template <int K, bool kChecked, bool kNanCheck, DType kOut, int kRope, int S>
-__attribute__((target("avx2,bmi2,f16c"), always_inline)) inline bool DeltaRow(__m256i (&x)[S], const uint8_t* (&w)[S],
-                                                                             Tables tbl, Stream* s, uint32_t D,
-                                                                             const RowContext& g, const Row& r,
+template <class P, bool kChecked>
+__attribute__((target("avx2,bmi2,f16c"), always_inline)) inline bool DeltaRow(BatchState<P>& b, const Row& r,
                                                                              __m256i& lowest, __m256& nan) {
-  for (uint32_t d = 0; d < D; d += 8) {
+  constexpr int K = P::kHeads, kRope = P::kRopeKind;
+  const RowContext& g = b.g;
+  for (uint32_t d = 0; d < b.D; d += 8) {
     Angles a{};
     if (NeedsAngles<kRope>(d, g.rope_dims)) a = LoadAngles<kRope>(r, d, g.rope_dims);
 #pragma GCC unroll 8
     for (int h = 0; h < K; ++h) {
-      __m256i q = Values8(x, w, tbl, 2 * h + 1);
+      __m256i q = Values8(b.x, b.w, b.lk, 2 * h + 1, d);
       if constexpr (kChecked) {
-        if (BadEscape(&q, s[2 * h + 1])) return false;
+        if (BadEscape(&q, b.s[2 * h + 1], d)) return false;
       } else {
         lowest = _mm256_min_epi32(lowest, q);
       }
-      const size_t c = size_t(h) * D + d;
-      Emit<kRope, kNanCheck, kOut>(g, r, 1, h, d, Dequant(q, _mm256_loadu_ps(g.anchor + c), r.st + c), a, nan);
+      const size_t c = size_t(h) * b.D + d;
+      Emit<kRope, P::kCheckNan, P::kDtype, P::kTransformed>(
+          g, r, 1, h, d, Dequant(LevelOf(g, q, 1, c), _mm256_loadu_ps(g.anchor + c), r.st + c), a, nan);
     }
   }
+  if constexpr (P::kTransformed)
+    for (int h = 0; h < K; ++h) FinishRow(g, r, 1, h, b.D);
   return true;
 }
 
@@ -293,6 +379,7 @@ struct RowMaker {
   size_t c0;
   Row operator()(uint32_t t) const {
     Row r;
+    r.token = t;
     r.dst = static_cast<uint8_t*>(sink->view.Pointer(sink->layer, sink->kv, t, head0, 0));
     r.st = (t >= fs->layout->recent_begin ? fs->st_recent : fs->st) + c0;
     if (sink->rope) {
@@ -304,83 +391,88 @@ struct RowMaker {
   }
 };
 
-// One token group of n tokens starting at t (n >= 2 only with kPairs).
-template <int K, bool kPairs, bool kChecked, bool kNanCheck, DType kOut, int kRope, int S>
-__attribute__((target("avx2,bmi2,f16c"), always_inline)) inline bool TokenGroup(__m256i (&x)[S],
-                                                                               const uint8_t* (&w)[S], Tables tbl,
-                                                                               Stream* s, uint32_t D,
-                                                                               const RowContext& g,
+// One token group of n tokens starting at t (n >= 2 only with pairs).
+template <class P, bool kChecked>
+__attribute__((target("avx2,bmi2,f16c"), always_inline)) inline bool TokenGroup(BatchState<P>& b,
                                                                                const RowMaker& rows, uint32_t t,
                                                                                uint32_t n, __m256i& lowest,
                                                                                __m256& nan) {
   const Row ra = rows(t);
-  if (!kPairs || n < 2) return Group<K, kPairs, false, kChecked, kNanCheck, kOut, kRope>(x, w, tbl, s, D, g, ra, ra,
-                                                                                        lowest, nan);
-  if (!Group<K, kPairs, kPairs, kChecked, kNanCheck, kOut, kRope>(x, w, tbl, s, D, g, ra, rows(t + 1), lowest, nan))
-    return false;
+  if (!P::kHasPairs || n < 2) return Group<P, false, kChecked>(b, ra, ra, lowest, nan);
+  if (!Group<P, P::kHasPairs, kChecked>(b, ra, rows(t + 1), lowest, nan)) return false;
   for (uint32_t j = 2; j < n; ++j)
-    if (!DeltaRow<K, kChecked, kNanCheck, kOut, kRope>(x, w, tbl, s, D, g, rows(t + j), lowest, nan)) return false;
+    if (!DeltaRow<P, kChecked>(b, rows(t + j), lowest, nan)) return false;
   return true;
 }
 
 // A group decoded again with escapes resolved, from the states it started
-// with (x, w: updated to where it ends).
-template <int K, bool kPairs, DType kOut, int kRope, int S>
-__attribute__((target("avx2,bmi2,f16c"), noinline, cold)) bool CheckedGroup(__m256i (&x)[S], const uint8_t* (&w)[S],
-                                                                           Tables tbl, Stream* s, uint32_t D,
-                                                                           const RowContext& g, const RowMaker& rows,
+// with (b's states and pointers: updated to where it ends).
+template <class P>
+__attribute__((target("avx2,bmi2,f16c"), noinline, cold)) bool CheckedGroup(BatchState<P>& b, const RowMaker& rows,
                                                                            uint32_t t, uint32_t n, __m256& nan) {
   __m256i unused = _mm256_setzero_si256();
-  return TokenGroup<K, kPairs, true, kOut == DType::kF16, kOut, kRope>(x, w, tbl, s, D, g, rows, t, n, unused, nan);
+  return TokenGroup<P, true>(b, rows, t, n, unused, nan);
 }
 
 // Whether values of this batch can overflow to Inf (and so give NaN): not
-// when |mean| + 2^32 |step| stays far below the float range, as escapes are
-// below 2^32 (RoPE at most doubles a value).
+// when |mean| + 2^32 |step| |level| stays far below the float range, as
+// escapes are below 2^32 and codebook levels within one step of their symbol
+// (RoPE at most doubles a value).
 bool MayOverflow(const FusedSection& fs, size_t c0, size_t n) {
   float top_mean = 0, top_st = 0;
   for (size_t c = c0; c < c0 + n; ++c) {
     top_mean = std::max(top_mean, std::fabs(fs.mean[c]));
     top_st = std::max({top_st, std::fabs(fs.st[c]), std::fabs(fs.st_recent[c])});
   }
-  return !(double(top_mean) + 4294967296.0 * double(top_st) < 1e37);  // also true for NaN
+  return !(double(top_mean) + 2 * 4294967296.0 * double(top_st) < 1e37);  // also true for NaN
 }
 
-template <int K, bool kPairs, DType kOut, bool kNanCheck, int kRope>
-__attribute__((target("avx2,bmi2,f16c"))) bool DecodeBatch(const FusedSection& fs, const rans::ParsedStream* ps,
+template <class P>
+__attribute__((target("avx2,bmi2,f16c"))) bool DecodeBatch(const FusedSection& fs, const FusedStream* ps,
                                                           uint32_t head0) {
-  constexpr int S = kPairs ? 2 * K : K;
+  constexpr int S = P::kStreams, K = P::kHeads;
   const SectionLayout& l = *fs.layout;
   const SectionSink& sink = *fs.sink;
   const uint32_t D = l.head_dim, tq = l.quantized_tokens();
-  // The hot state in locals whose address is never taken: the output stores
-  // may alias anything else.
-  static_assert(offsetof(rans::ParsedStream, table) == 0);
-  const Tables tbl{reinterpret_cast<const uint8_t*>(ps)};
   __m256i x[S];
   const uint8_t* w[S];
   Stream s[S];
+  Lookup<S> lk;
   for (int k = 0; k < S; ++k) {
-    const rans::ParsedStream& p = ps[k];
+    const FusedStream& p = ps[k];
     x[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.state));
     s[k].words = w[k] = p.payload.data() + 4 * 8;
     s[k].limit = p.payload.size() / 2 - 2 * 8;
     s[k].escape = p.escape;
+    s[k].dim_escape = p.dim_escape;
     s[k].esc = ByteReader(p.esc);
+    lk.table[k] = reinterpret_cast<const int*>(p.table);
+    lk.offset[k] = p.dim_offset;
   }
   const size_t c0 = size_t{head0} * D;
-  // Per-thread room for the NeoX stash and the anchor values.
-  thread_local std::vector<float> stash, anchor;
+  const uint32_t C = l.channels();
+  // Per-thread room for the NeoX stash, the anchor values and coded rows.
+  thread_local std::vector<float> stash, anchor, coded;
   RowContext g;
   g.mean = fs.mean + c0;
-  g.head_bytes = sink.view.strides().head * int64_t{kOut == DType::kF32 ? 4 : 2};
+  g.head_bytes = sink.view.strides().head * int64_t{P::kDtype == DType::kF32 ? 4 : 2};
   g.rope_dims = sink.rope ? sink.rope->rope().dims : 0;
-  g.stash = kRope == kRopeNeox ? GrowScratch(stash, size_t{K} * 2 * (g.rope_dims / 2)) : nullptr;
-  g.anchor = kPairs ? GrowScratch(anchor, size_t{K} * D) : nullptr;
+  g.stash = P::kRopeKind == kRopeNeox ? GrowScratch(stash, size_t{K} * 2 * (g.rope_dims / 2)) : nullptr;
+  g.anchor = P::kHasPairs ? GrowScratch(anchor, size_t{K} * D) : nullptr;
+  g.levels = fs.levels;
+  for (int kind = 0; kind < 2; ++kind)
+    g.level_offset[kind] = fs.levels ? fs.level_offset + size_t(kind) * C + c0 : nullptr;
+  g.level_top = fs.level_top;
+  g.coded = P::kTransformed ? GrowScratch(coded, size_t{K} * 2 * D) : nullptr;
+  g.transform_t = P::kTransformed ? l.transform_t + size_t{head0} * D * D : nullptr;
+  g.sink = &sink;
+  g.head0 = head0;
+  g.dim = D;
+  BatchState<P> b{x, w, lk, s, D, g};
   const RowMaker rows{&sink, &fs, head0, c0};
   __m256 nan = _mm256_setzero_ps();
   const __m256i mark = _mm256_set1_epi32(kEscapeMark);
-  const uint32_t G = kPairs ? l.group_tokens : 1;
+  const uint32_t G = P::kHasPairs ? l.group_tokens : 1;
   // Words a stream reads in one group at most: (G - 1) rows of deltas and
   // the lookahead of a round.
   const size_t group_words = size_t{G > 1 ? G - 1 : 1} * D + 8;
@@ -391,9 +483,10 @@ __attribute__((target("avx2,bmi2,f16c"))) bool DecodeBatch(const FusedSection& f
     const uint8_t* w0[S];
     for (int k = 0; k < S; ++k) x0[k] = x[k], w0[k] = w[k];
     __m256i lowest = _mm256_setzero_si256();
-    TokenGroup<K, kPairs, false, kNanCheck, kOut, kRope>(x, w, tbl, s, D, g, rows, t, n, lowest, nan);
+    TokenGroup<P, false>(b, rows, t, n, lowest, nan);
     if (!_mm256_testz_si256(_mm256_cmpeq_epi32(lowest, mark), _mm256_cmpeq_epi32(lowest, mark))) [[unlikely]] {
-      if (!CheckedGroup<K, kPairs, kOut, kRope>(x0, w0, tbl, s, D, g, rows, t, n, nan)) return false;
+      BatchState<P> redo{x0, w0, lk, s, D, g};
+      if (!CheckedGroup<P>(redo, rows, t, n, nan)) return false;
       for (int k = 0; k < S; ++k) x[k] = x0[k], w[k] = w0[k];
     }
     for (int k = 0; k < S; ++k)
@@ -411,20 +504,20 @@ __attribute__((target("avx2,bmi2,f16c"))) bool DecodeBatch(const FusedSection& f
 }
 
 // Heads in power-of-two sub-batches (fewer instantiations).
-template <bool kPairs, DType kOut, bool kNanCheck, int kRope>
-bool DecodeHeads(const FusedSection& s, const rans::ParsedStream* ps, uint32_t head0, uint32_t heads) {
+template <bool kPairs, DType kOut, bool kNanCheck, int kRope, bool kTransform>
+bool DecodeHeads(const FusedSection& s, const FusedStream* ps, uint32_t head0, uint32_t heads) {
   constexpr uint32_t kPer = kPairs ? 2 : 1;
   while (heads > 0) {
     bool ok;
     uint32_t n;
     if (heads >= 8 && !kPairs) {
-      n = 8, ok = DecodeBatch<8, kPairs, kOut, kNanCheck, kRope>(s, ps, head0);
+      n = 8, ok = DecodeBatch<BatchKind<8, kPairs, kOut, kNanCheck, kRope, kTransform>>(s, ps, head0);
     } else if (heads >= 4) {
-      n = 4, ok = DecodeBatch<4, kPairs, kOut, kNanCheck, kRope>(s, ps, head0);
+      n = 4, ok = DecodeBatch<BatchKind<4, kPairs, kOut, kNanCheck, kRope, kTransform>>(s, ps, head0);
     } else if (heads >= 2) {
-      n = 2, ok = DecodeBatch<2, kPairs, kOut, kNanCheck, kRope>(s, ps, head0);
+      n = 2, ok = DecodeBatch<BatchKind<2, kPairs, kOut, kNanCheck, kRope, kTransform>>(s, ps, head0);
     } else {
-      n = 1, ok = DecodeBatch<1, kPairs, kOut, kNanCheck, kRope>(s, ps, head0);
+      n = 1, ok = DecodeBatch<BatchKind<1, kPairs, kOut, kNanCheck, kRope, kTransform>>(s, ps, head0);
     }
     if (!ok) return false;
     heads -= n, head0 += n, ps += n * kPer;
@@ -433,22 +526,25 @@ bool DecodeHeads(const FusedSection& s, const rans::ParsedStream* ps, uint32_t h
 }
 
 template <bool kPairs, int kRope>
-bool DecodeWithRope(const FusedSection& s, const rans::ParsedStream* ps, uint32_t head0, uint32_t heads) {
+bool DecodeWithRope(const FusedSection& s, const FusedStream* ps, uint32_t head0, uint32_t heads) {
   switch (s.sink->view.dtype()) {
     case DType::kF32:
-      return DecodeHeads<kPairs, DType::kF32, false, kRope>(s, ps, head0, heads);
+      return DecodeHeads<kPairs, DType::kF32, false, kRope, false>(s, ps, head0, heads);
     case DType::kBF16:  // F32ToBF16's NaN rule is done in registers too
-      return DecodeHeads<kPairs, DType::kBF16, false, kRope>(s, ps, head0, heads);
+      return DecodeHeads<kPairs, DType::kBF16, false, kRope, false>(s, ps, head0, heads);
     case DType::kF16:
       break;
   }
   if (MayOverflow(s, size_t{head0} * s.layout->head_dim, size_t{heads} * s.layout->head_dim))
-    return DecodeHeads<kPairs, DType::kF16, true, kRope>(s, ps, head0, heads);
-  return DecodeHeads<kPairs, DType::kF16, false, kRope>(s, ps, head0, heads);
+    return DecodeHeads<kPairs, DType::kF16, true, kRope, false>(s, ps, head0, heads);
+  return DecodeHeads<kPairs, DType::kF16, false, kRope, false>(s, ps, head0, heads);
 }
 
 template <bool kPairs>
-bool DecodeAs(const FusedSection& s, const rans::ParsedStream* ps, uint32_t head0, uint32_t heads) {
+bool DecodeAs(const FusedSection& s, const FusedStream* ps, uint32_t head0, uint32_t heads) {
+  // With head transforms whole rows are stored through the sink (any dtype,
+  // RoPE and strides), as the generic path stores them.
+  if (s.layout->transform) return DecodeHeads<kPairs, DType::kF32, false, kRopeNone, true>(s, ps, head0, heads);
   if (!s.sink->rope) return DecodeWithRope<kPairs, kRopeNone>(s, ps, head0, heads);
   if (s.sink->rope->rope().kind == RopeConfig::Kind::kNormal)
     return DecodeWithRope<kPairs, kRopeNormal>(s, ps, head0, heads);
@@ -470,8 +566,10 @@ static bool FusedRope(const RopeTable* rope) {
 
 bool FusedApplies(const SectionLayout& l, const SectionSink& sink, bool use_delta) {
 #if defined(__x86_64__)
-  return simd::Avx2() && !l.rotate && !l.transform && FusedRope(sink.rope) && sink.view.strides().dim == 1 && l.head_dim % 8 == 0 &&
-         (!use_delta || l.group_tokens >= 2);
+  // Without a transform rows are stored from registers: contiguous dims and
+  // RoPE pairs within 8-dim blocks.
+  const bool stores = l.transform || (FusedRope(sink.rope) && sink.view.strides().dim == 1);
+  return simd::Avx2() && !l.rotate && stores && l.head_dim % 8 == 0 && (!use_delta || l.group_tokens >= 2);
 #else
   (void)l, (void)sink, (void)use_delta;
   return false;
@@ -484,14 +582,10 @@ thread_local uint64_t fused_batches = 0;
 
 uint64_t FusedBatchesOnThisThread() { return fused_batches; }
 
-bool DecodeFusedBatch(const FusedSection& s, const rans::ParsedStream* streams, uint32_t head0, uint32_t heads) {
+bool DecodeFusedBatch(const FusedSection& s, const FusedStream* streams, uint32_t head0, uint32_t heads) {
 #if defined(__x86_64__)
   const uint32_t n = s.use_delta ? 2 * heads : heads;
   if (n == 0 || n > kMaxStreams) return false;
-  for (uint32_t k = 0; k < n; ++k)
-    if (streams[k].mode != rans::kModeRans || streams[k].lanes != 8 ||
-        streams[k].form != rans::TableForm::kZigZagValues)
-      return false;
   const bool ok = s.use_delta ? DecodeAs<true>(s, streams, head0, heads) : DecodeAs<false>(s, streams, head0, heads);
   fused_batches += ok;
   return ok;

@@ -21,9 +21,10 @@
 
 namespace cachegen {
 
-// out = A^T in for one head, A row-major d x d (in and out must not overlap).
-// The loop runs over contiguous rows of A, so it vectorizes without
-// reassociating sums.
+// out = A^T in for one head, A row-major d x d (in and out must not overlap):
+// out[c] = fma(A[r][c], in[r], out[c]) over r in order from 0, a chain of
+// fused multiply-adds that every decoder computes alike (scalar std::fma,
+// AVX2 vfmadd).
 void TransposeTimes(const float* a, const float* in, float* out, uint32_t d);
 // Coding: y = U^T x.
 inline void HeadToCoding(const float* u, const float* x, float* y, uint32_t d) { TransposeTimes(u, x, y, d); }

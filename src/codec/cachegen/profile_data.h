@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cachegen/codec.h"
+#include "codec/cachegen/profile_decode_tables.h"
 #include "codec/rans.h"
 
 namespace cachegen::internal {
@@ -50,6 +51,8 @@ struct ProfileData {
   // (head_transform.h; format version 3): the section is coded as U^T x.
   // transform_t holds the transposes (for decoders), made on parse.
   std::vector<std::vector<float>> transform, transform_t;
+  // The tables above in the decoders' form, built on first use.
+  ProfileDecodeTables decode_tables;
 
   static constexpr int32_t kGridPerOctave = 4;
   uint32_t channels() const { return kv_heads * head_dim; }

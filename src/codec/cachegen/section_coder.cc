@@ -787,40 +787,12 @@ struct DecodeScratch {
   std::vector<rans::ParsedStream> streams;
   std::vector<uint32_t> symbols;
   std::vector<float> sigma, mean, st, st_recent, anchor, row, transformed, levels;
-  std::vector<std::vector<uint8_t>> spliced;  // table-form streams rebuilt with their profile table
-  std::vector<rans::DecodeTable> class_tables;  // [class][kind] of a section with channel classes
-  std::vector<const rans::DecodeTable*> cycles;  // a batch's streams' cycles, D entries each
+  std::vector<int32_t> level_offset;             // [kind][channel] (FusedSection)
+  std::vector<const rans::DecodeTable*> cycles;  // a batch's streams' table cycles, D entries each
+  std::vector<int32_t> dim_offsets;              // a batch's streams' value-table offsets, D each
   std::vector<rans::TableStream> table_streams;
+  std::vector<internal::FusedStream> fused;
 };
-
-// Parses the next stream of a section. Table-form streams (mode 3) are
-// rebuilt as mode-2 streams with the profile's table in `buf`, which the
-// parsed stream then points into.
-Status ParseSectionStream(ByteReader& r, size_t n, const rans::FreqTable* table, std::vector<uint8_t>& buf,
-                          rans::ParsedStream* ps, rans::TableForm form) {
-  ByteReader peek = r;
-  if (!table || peek.U8() != rans::kModeTable) return rans::ParseStream(r, n, ps, form);
-  const uint8_t lanes = peek.U8();
-  const uint64_t esc_len = peek.Varint();
-  const uint64_t payload_len = peek.Varint();
-  if (!peek.ok() || esc_len > peek.remaining() || payload_len > peek.remaining() - esc_len)
-    return Status::Corrupt("rANS stream: truncated table-form stream");
-  std::span<const uint8_t> body = peek.Bytes(esc_len + payload_len);
-  buf.clear();
-  ByteWriter w(&buf);
-  w.U8(2);  // mode rANS
-  w.U8(static_cast<uint8_t>(table->escape));
-  for (uint32_t v = 0; v <= table->escape; ++v) w.Varint(table->freq[v]);
-  w.U8(lanes);
-  w.Varint(esc_len);
-  w.Varint(payload_len);
-  w.Bytes(body);
-  r = peek;
-  ByteReader rebuilt(buf);
-  CG_RETURN_IF_ERROR(rans::ParseStream(rebuilt, n, ps, form));
-  if (rebuilt.remaining() != 0) return Status::Corrupt("rANS stream: table-form stream length mismatch");
-  return Status::Ok();
-}
 
 DecodeScratch& Scratch() {
   thread_local DecodeScratch s;
@@ -884,6 +856,101 @@ Status ParseSectionHeader(const SectionLayout& l, ByteReader& r, SectionHeader* 
   return Status::Ok();
 }
 
+namespace {
+
+// The streams of one batch of heads (per head its anchor stream, then with
+// deltas its delta stream), parsed. A stream of a section with profile
+// tables is a cycle of tables (per dim its channel's: the head's table, or
+// with channel classes its class's) and decodes with them from the profile's
+// cache; other streams carry their table inline (FORMAT.md "Symbol streams").
+struct BatchStreams {
+  uint32_t count = 0;
+  bool table_form[kBatchStreams] = {};
+  rans::ParsedStream* inline_stream[kBatchStreams] = {};
+  rans::TableStream* table_stream[kBatchStreams] = {};
+  uint32_t head[kBatchStreams] = {}, kind[kBatchStreams] = {};
+  uint32_t* out[kBatchStreams] = {};
+};
+
+// Where a section's streams find their tables: none (inline), or a profile's.
+struct SectionTables {
+  const internal::SectionDecodeTables* profile = nullptr;
+  bool classes = false;  // mode-2 (inline) streams are corrupt in a class section
+};
+
+// Parses the next stream (head, kind) of a batch as its k-th; inline tables
+// in form `form`.
+Status ParseBatchStream(ByteReader& r, const SectionLayout& l, const SectionTables& tables, DecodeScratch& sc,
+                        uint32_t k, uint32_t head, uint32_t kind, std::span<uint32_t> out, rans::TableForm form,
+                        BatchStreams* b) {
+  const uint32_t D = l.head_dim;
+  b->head[k] = head;
+  b->kind[k] = kind;
+  b->out[k] = out.data();
+  ByteReader peek = r;
+  const bool inline_table = !tables.profile || (!tables.classes && peek.U8() == rans::kModeRans);
+  b->table_form[k] = !inline_table;
+  if (inline_table) {
+    b->inline_stream[k] = &sc.streams[k];
+    return rans::ParseStream(r, out.size(), b->inline_stream[k], form);
+  }
+  const std::span<const rans::DecodeTable*> cycle(sc.cycles.data() + size_t{k} * D, D);
+  for (uint32_t d = 0; d < D; ++d) cycle[d] = tables.profile->Symbols(kind, head * D + d);
+  b->table_stream[k] = &sc.table_streams[k];
+  return rans::ParseStreamWithTables(r, cycle, out, b->table_stream[k]);
+}
+
+// Decodes a parsed batch's symbols into their outputs (the generic schedule).
+Status DecodeBatchSymbols(const BatchStreams& b) {
+  rans::ParsedStream* ps[kBatchStreams];
+  uint32_t* po[kBatchStreams];
+  rans::TableStream* ts[kBatchStreams];
+  size_t np = 0, nt = 0;
+  for (uint32_t k = 0; k < b.count; ++k) {
+    if (b.table_form[k]) {
+      ts[nt++] = b.table_stream[k];
+    } else {
+      ps[np] = b.inline_stream[k];
+      po[np++] = b.out[k];
+    }
+  }
+  if (np) CG_RETURN_IF_ERROR(rans::DecodeParsed(std::span(ps, np), std::span(po, np)));
+  if (nt) CG_RETURN_IF_ERROR(rans::DecodeStreamsWithTables(std::span(ts, nt)));
+  return Status::Ok();
+}
+
+// The fused schedule's view of a parsed batch; false when some stream is not
+// an 8-lane rANS stream (empty and constant streams, one lane).
+bool FusedStreams(const BatchStreams& b, const SectionLayout& l, const SectionTables& tables, DecodeScratch& sc) {
+  const uint32_t D = l.head_dim, C = l.channels();
+  for (uint32_t k = 0; k < b.count; ++k) {
+    internal::FusedStream& f = sc.fused[k];
+    if (!b.table_form[k]) {
+      const rans::ParsedStream& p = *b.inline_stream[k];
+      if (p.mode != rans::kModeRans || p.lanes != 8) return false;
+      f = {p.table, nullptr, p.escape, nullptr, p.state, p.esc, p.payload};
+      continue;
+    }
+    const rans::TableStream& t = *b.table_stream[k];
+    if (t.mode != rans::kModeTable || t.lanes != 8) return false;
+    const internal::SectionDecodeTables& pt = *tables.profile;
+    const size_t c0 = size_t{b.kind[k]} * C + size_t{b.head[k]} * D;
+    f = {pt.values.data(), nullptr, 0, nullptr, t.state, t.esc, t.payload};
+    if (tables.classes) {
+      int32_t* off = sc.dim_offsets.data() + size_t{k} * D;
+      for (uint32_t d = 0; d < D; ++d) off[d] = static_cast<int32_t>(pt.channel_table[c0 + d] * rans::kProbScale);
+      f.dim_offset = off;
+      f.dim_escape = pt.channel_escape.data() + c0;
+    } else {
+      f.table = pt.Values(b.head[k], b.kind[k]);
+      f.escape = pt.channel_escape[c0];
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
 Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> payload, const SectionSink& sink) {
   const uint32_t H = l.kv_heads, D = l.head_dim, C = l.channels(), tq = l.quantized_tokens();
   ByteReader r(payload);
@@ -895,11 +962,16 @@ Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> pa
   const float step = hdr.step;
   const bool use_delta = hdr.flags & kSectionDelta;
   const internal::ProfileData* prof = l.profile;
-  const int grid = hdr.grid;
+  SectionTables tables;
+  if (hdr.grid >= 0) {
+    tables.profile = &prof->decode_tables.Get(*prof, l.section, static_cast<uint32_t>(hdr.grid));
+    tables.classes = prof->HasClasses(l.section);
+  }
   // Reconstruction levels per (channel group, stream kind), when the section has a codebook.
   Codebook cb;
   float* levels = nullptr;
   LevelTables lt;
+  int32_t* level_offset = nullptr;
   if (hdr.flags & kSectionCodebook) {
     CG_RETURN_IF_ERROR(ReadCodebook(r, C, use_delta, &cb));
     const size_t per = 2 * size_t{cb.levels} + 1;
@@ -907,6 +979,11 @@ Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> pa
     for (uint32_t g = 0; g < cb.groups(C); ++g)
       for (uint32_t k = 0; k < cb.kinds; ++k) cb.Levels(g, k, levels + (size_t{g} * cb.kinds + k) * per);
     lt = {levels, 2 * cb.levels, cb.kinds, cb.group_channels};
+    level_offset = GrowScratch(sc.level_offset, size_t{2} * C);
+    for (uint32_t k = 0; k < 2; ++k)
+      for (uint32_t c = 0; c < C; ++c)
+        level_offset[size_t{k} * C + c] =
+            static_cast<int32_t>((size_t{c / cb.group_channels} * cb.kinds + std::min(k, cb.kinds - 1)) * per);
   }
   // Steps of the older and of the recent tokens (TokenStep), per channel.
   float* st = GrowScratch(sc.st, C);
@@ -922,7 +999,10 @@ Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> pa
   const uint32_t per_head = use_delta ? 2 : 1;
   const uint32_t batch = std::min(H, kBatchStreams / per_head);
   GrowScratch(sc.streams, kBatchStreams);
-  if (sc.spliced.size() < kBatchStreams) sc.spliced.resize(kBatchStreams);
+  GrowScratch(sc.table_streams, kBatchStreams);
+  GrowScratch(sc.fused, kBatchStreams);
+  GrowScratch(sc.cycles, size_t{kBatchStreams} * D);
+  GrowScratch(sc.dim_offsets, size_t{kBatchStreams} * D);
   uint32_t* symbols = GrowScratch(sc.symbols, size_t{batch} * (na + nd));
   float* anchor = GrowScratch(sc.anchor, D);
   float* row = GrowScratch(sc.row, D);
@@ -934,77 +1014,35 @@ Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> pa
       !levels && !l.rotate && !l.transform && !sink.rope && sink.view.dtype() == DType::kF16 && sink.view.strides().dim == 1 && simd::Avx2();
 #endif
 
-  // A profile section with channel classes: each symbol is decoded with its
-  // channel's class table (rans::DecodeStreamsWithTables, the batch's streams
-  // in lockstep groups); the decode tables are built here once for all heads.
-  const bool class_tables = grid >= 0 && prof->HasClasses(l.section);
-  if (class_tables) {
-    const uint32_t units = prof->TableUnits(l.section);
-    if (sc.class_tables.size() < size_t{units} * 2) sc.class_tables.resize(size_t{units} * 2);
-    for (uint32_t u = 0; u < units; ++u)
-      for (uint32_t kind = 0; kind < per_head; ++kind)
-        rans::BuildDecodeTable(prof->Table(l.section, grid, u, kind), &sc.class_tables[size_t{u} * 2 + kind]);
-    sc.cycles.resize(size_t{kBatchStreams} * D);
-    sc.table_streams.resize(kBatchStreams);
-  }
-  // Parses the next stream (head, kind) of a class section as the batch's k-th.
-  auto parse_with_classes = [&](uint32_t k, uint32_t head, uint32_t kind, std::span<uint32_t> out) {
-    const std::span<const rans::DecodeTable*> cycle(sc.cycles.data() + size_t{k} * D, D);
-    for (uint32_t d = 0; d < D; ++d)
-      cycle[d] = &sc.class_tables[size_t{prof->class_of[l.section][size_t{kind} * C + head * D + d]} * 2 + kind];
-    return rans::ParseStreamWithTables(r, cycle, out, &sc.table_streams[k]);
-  };
-
-  // The fused path knows the flags above; a section with any other (a later
-  // addition to the format) stays with the generic path.
-  const bool fused = !class_tables &&
-                     (hdr.flags & ~(kSectionDelta | kSectionProfileStats | kSectionProfileTables)) == 0 &&
-                     internal::FusedApplies(l, sink, use_delta);
-  const internal::FusedSection fs{&l, &sink, use_delta, mean, st, st_recent};
+  // The fused schedule takes the flags above; a section with any other (a
+  // later addition to the format) stays with the generic one.
+  const bool fused = (hdr.flags & ~kSectionFlagsKnown) == 0 && internal::FusedApplies(l, sink, use_delta);
+  const internal::FusedSection fs{&l, &sink, use_delta, mean, st, st_recent, levels, level_offset, lt.top};
 
   for (uint32_t h0 = 0; h0 < H; h0 += batch) {
     const uint32_t hn = std::min(batch, H - h0);
-    rans::ParsedStream* ps[kBatchStreams];
-    uint32_t* po[kBatchStreams];
+    BatchStreams b;
+    b.count = hn * per_head;
     // Parses the batch's streams (per head: anchors, then deltas).
     auto parse = [&](rans::TableForm form) -> Status {
       for (uint32_t h = 0, k = 0; h < hn; ++h) {
         uint32_t* base = symbols + size_t{h} * (na + nd);
-        const auto table = [&](uint32_t kind) {
-          return grid >= 0 ? &prof->Table(l.section, grid, h0 + h, kind) : nullptr;
-        };
-        for (uint32_t kind = 0; kind < per_head; ++kind, ++k) {
-          ps[k] = &sc.streams[k];
-          po[k] = base + (kind ? na : 0);
-          CG_RETURN_IF_ERROR(ParseSectionStream(r, kind ? nd : na, table(kind), sc.spliced[k], ps[k], form));
-        }
+        for (uint32_t kind = 0; kind < per_head; ++kind, ++k)
+          CG_RETURN_IF_ERROR(ParseBatchStream(r, l, tables, sc, k, h0 + h, kind,
+                                              {base + (kind ? na : 0), kind ? nd : na}, form, &b));
       }
       return Status::Ok();
     };
     const ByteReader batch_start = r;
     if (fused) {
       CG_RETURN_IF_ERROR(parse(rans::TableForm::kZigZagValues));
-      if (internal::DecodeFusedBatch(fs, sc.streams.data(), h0, hn)) continue;
-      // Not for the fused path after all (or corrupt): the generic path
+      if (FusedStreams(b, l, tables, sc) && internal::DecodeFusedBatch(fs, sc.fused.data(), h0, hn)) continue;
+      // Not for the fused schedule after all (or corrupt): the generic one
       // decodes the same bytes again and has the last word.
       r = batch_start;
     }
-    if (class_tables) {
-      rans::TableStream* ts[kBatchStreams];
-      for (uint32_t h = 0, k = 0; h < hn; ++h) {
-        uint32_t* base = symbols + size_t{h} * (na + nd);
-        for (uint32_t kind = 0; kind < per_head; ++kind, ++k) {
-          ts[k] = &sc.table_streams[k];
-          CG_RETURN_IF_ERROR(parse_with_classes(k, h0 + h, kind, {base + (kind ? na : 0), kind ? nd : na}));
-        }
-      }
-      CG_RETURN_IF_ERROR(rans::DecodeStreamsWithTables(std::span(ts, size_t{hn} * per_head)));
-    } else {
-      CG_RETURN_IF_ERROR(parse(rans::TableForm::kSymbols));
-      CG_RETURN_IF_ERROR(
-          rans::DecodeParsed(std::span(ps, size_t{hn} * per_head), std::span(po, size_t{hn} * per_head)));
-    }
-
+    CG_RETURN_IF_ERROR(parse(rans::TableForm::kSymbols));
+    CG_RETURN_IF_ERROR(DecodeBatchSymbols(b));
     // Reconstruct exactly as the encoder's Quantize() did, head by head.
     for (uint32_t h = 0; h < hn; ++h) {
       const uint32_t head = h0 + h;
