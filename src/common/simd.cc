@@ -27,6 +27,20 @@ bool EnvAllows() {
   return v == nullptr || std::strcmp(v, "0") != 0;
 }
 
+bool CpuHasAvx512AndFma() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
+
+std::atomic<bool>& Avx512Flag() {
+  static std::atomic<bool> flag{CpuHasAvx512AndFma()};
+  return flag;
+}
+
 std::atomic<bool>& Flag() {
   static std::atomic<bool> flag{CpuHasAvx2() && EnvAllows()};
   return flag;
@@ -37,5 +51,20 @@ std::atomic<bool>& Flag() {
 bool Avx2() { return Flag().load(std::memory_order_relaxed); }
 
 void SetEnabled(bool enabled) { Flag().store(enabled && CpuHasAvx2(), std::memory_order_relaxed); }
+
+bool Fma() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool fma = __builtin_cpu_supports("fma");
+  return Avx2() && fma;
+#else
+  return false;
+#endif
+}
+
+bool Avx512() { return Avx2() && Avx512Flag().load(std::memory_order_relaxed); }
+
+void SetAvx512Enabled(bool enabled) {
+  Avx512Flag().store(enabled && CpuHasAvx512AndFma(), std::memory_order_relaxed);
+}
 
 }  // namespace cachegen::simd

@@ -16,4 +16,13 @@ bool Avx2();
 // concurrent decodes.
 void SetEnabled(bool enabled);
 
+// Avx2() and the CPU has FMA (the head transforms' kernels).
+bool Fma();
+// Avx2() and the CPU has AVX-512F and FMA: kernels that gain from 16-lane
+// registers (the head transforms'), each bit-identical to its AVX2 twin.
+bool Avx512();
+// For tests comparing the AVX-512 kernels with the AVX2 ones (true: where the
+// CPU has them).
+void SetAvx512Enabled(bool enabled);
+
 }  // namespace cachegen::simd

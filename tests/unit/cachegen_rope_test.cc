@@ -54,6 +54,26 @@ TEST(RopeTable, NormalRotatesAdjacentPairsNeoxHalves) {
   EXPECT_NEAR(z[3], std::sin(0.3), 1e-6);
 }
 
+// The per-thread table cut from one of positions from 0 holds exactly the
+// angles computed for the frame directly, for frames at any position (past
+// the cached range too) and after a change of RoPE settings.
+TEST(RopeTable, CachedTablesEqualDirectOnes) {
+  RopeConfig a;
+  a.kind = RopeConfig::Kind::kNormal;
+  a.dims = 64;
+  RopeConfig b = a;
+  b.kind = RopeConfig::Kind::kNeox;
+  b.freq_base = 500000;
+  for (const RopeConfig& rope : {a, b, a})
+    for (uint32_t start : {0u, 700u, 5000u, kRopeCachePositions - 256, kRopeCachePositions + 3}) {
+      const RopeTable& cached = CachedRopeTable(rope, start, 256);
+      const RopeTable direct(rope, start, 256);
+      ASSERT_EQ(cached.token_start(), start);
+      ASSERT_EQ(cached.cos(), direct.cos()) << start;
+      ASSERT_EQ(cached.sin(), direct.sin()) << start;
+    }
+}
+
 TEST(RopeTable, ValidateRejectsBadParameters) {
   EXPECT_TRUE(ValidateRope(RopeConfig{}, 8).ok());
   EXPECT_TRUE(ValidateRope(Rope(RopeConfig::Kind::kNormal, 8), 8).ok());

@@ -637,10 +637,9 @@ TEST_F(SimdParity, ProfileFramesDecodeIdenticallyOnTheFusedPath) {
   }
 }
 
-// Paged output (rows addressed through a page table): the same values as a
-// contiguous view.
 // A profile's head transforms: the AVX2 kernel (registers of 8 outputs, 4 at a
-// time) gives the scalar loop's bits for every head dim, tails included.
+// time) and the AVX-512 one (16 outputs) give the scalar loop's bits (a chain
+// of fused multiply-adds per output) for every head dim, tails included.
 TEST_F(SimdParity, HeadTransformMatchesScalar) {
   std::mt19937 rng(11);
   std::normal_distribution<float> normal;
@@ -648,18 +647,47 @@ TEST_F(SimdParity, HeadTransformMatchesScalar) {
     std::vector<float> a(size_t{d} * d), in(d), fast(d), slow(d);
     for (float& v : a) v = normal(rng);
     for (float& v : in) v = normal(rng) * 100;
-    simd::SetEnabled(true);
-    TransposeTimes(a.data(), in.data(), fast.data(), d);
     simd::SetEnabled(false);
     TransposeTimes(a.data(), in.data(), slow.data(), d);
     simd::SetEnabled(true);
-    EXPECT_EQ(std::memcmp(fast.data(), slow.data(), d * sizeof(float)), 0) << "d " << d;
+    for (bool avx512 : {false, true}) {
+      simd::SetAvx512Enabled(avx512);
+      TransposeTimes(a.data(), in.data(), fast.data(), d);
+      EXPECT_EQ(std::memcmp(fast.data(), slow.data(), d * sizeof(float)), 0) << "d " << d << " avx512 " << avx512;
+    }
+    simd::SetAvx512Enabled(true);
     double want = 0;  // and it is A^T in: output 0 against a double sum
     for (uint32_t r = 0; r < d; ++r) want += double(a[size_t{r} * d]) * in[r];
     EXPECT_NEAR(slow[0], want, 1e-3 * (1 + std::abs(want))) << "d " << d;
   }
 }
 
+// RoPE redone (decoder) and undone (encoder) on one head: the AVX2 rotation
+// gives the scalar loop's bits, normal and NeoX, whole and partial dims.
+TEST_F(SimdParity, RopeApplyMatchesScalar) {
+  using K = RopeConfig::Kind;
+  std::mt19937 rng(4);
+  std::normal_distribution<float> normal;
+  for (const RopeConfig& rope : {Rope(K::kNormal, 64), Rope(K::kNormal, 40), Rope(K::kNormal, 12),
+                                 Rope(K::kNeox, 64), Rope(K::kNeox, 32), Rope(K::kNeox, 24)}) {
+    const RopeTable table(rope, 1000, 9);
+    for (bool inverse : {false, true})
+      for (uint32_t t = 0; t < 9; ++t) {
+        std::vector<float> x(64);
+        for (float& v : x) v = normal(rng) * 10;
+        std::vector<float> fast = x, slow = x;
+        simd::SetEnabled(false);
+        table.Apply(t, slow.data(), inverse);
+        simd::SetEnabled(true);
+        table.Apply(t, fast.data(), inverse);
+        ASSERT_EQ(0, std::memcmp(fast.data(), slow.data(), 64 * sizeof(float)))
+            << int(rope.kind) << "/" << rope.dims << " inverse " << inverse;
+      }
+  }
+}
+
+// Paged output (rows addressed through a page table): the same values as a
+// contiguous view.
 TEST_F(SimdParity, SectionIntoPagedView) {
   SectionLayout l;
   l.tokens = 50;

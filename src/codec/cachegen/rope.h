@@ -36,6 +36,9 @@ class RopeTable {
   const std::vector<float>& sin() const { return sin_; }
   // Rotates one head vector of chunk token t: forward (decoder) or inverse (encoder).
   void Apply(uint32_t t, float* head, bool inverse) const;
+  // The rows of tokens [token_start, token_start + tokens) of `whole` (a
+  // table from position 0 covering them): the values computed directly.
+  RopeTable(const RopeTable& whole, uint32_t token_start, uint32_t tokens);
 
  private:
   RopeConfig rope_;
@@ -44,7 +47,10 @@ class RopeTable {
 };
 
 // The table for a frame, cached per thread (every K section of a frame uses
-// the same one).
+// the same one), cut from a per-thread table of positions from 0 where the
+// frame's positions lie below kRopeCachePositions (frames of every context
+// share positions, so the angles are computed once per thread).
+constexpr uint32_t kRopeCachePositions = 1u << 15;
 const RopeTable& CachedRopeTable(const RopeConfig& rope, uint32_t token_start, uint32_t tokens);
 
 }  // namespace cachegen
