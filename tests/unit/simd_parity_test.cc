@@ -565,18 +565,21 @@ TEST_F(SimdParity, ProfileFramesDecodeIdenticallyOnTheFusedPath) {
     ASSERT_TRUE(dec.ok()) << dec.status().ToString();
     const std::string what = "rope " + std::to_string(int(c.rope.kind)) + "/" + std::to_string(c.rope.dims) + " G " +
                              std::to_string(c.group_tokens);
-    for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
-      simd::SetEnabled(false);
-      auto scalar = dec->Decode(dt, 0, 1);
-      simd::SetEnabled(true);
-      const uint64_t fused0 = internal::FusedBatchesOnThisThread();
-      auto vec = dec->Decode(dt, 0, 1);
-      const uint64_t fused = internal::FusedBatchesOnThisThread() - fused0;
-      ASSERT_TRUE(scalar.ok() && vec.ok()) << scalar.status().ToString() << " " << vec.status().ToString();
-      EXPECT_GT(fused, 0u) << what;
-      ASSERT_EQ(scalar->size_bytes(), vec->size_bytes());
-      ASSERT_EQ(0, std::memcmp(scalar->data(), vec->data(), vec->size_bytes())) << what << " " << DTypeName(dt);
-    }
+    for (DType dt : {DType::kF32, DType::kF16, DType::kBF16})
+      for (bool avx512 : {false, true}) {  // head transforms with 8- and 16-lane kernels
+        simd::SetEnabled(false);
+        auto scalar = dec->Decode(dt, 0, 1);
+        simd::SetEnabled(true);
+        simd::SetAvx512Enabled(avx512);
+        const uint64_t fused0 = internal::FusedBatchesOnThisThread();
+        auto vec = dec->Decode(dt, 0, 1);
+        const uint64_t fused = internal::FusedBatchesOnThisThread() - fused0;
+        simd::SetAvx512Enabled(true);
+        ASSERT_TRUE(scalar.ok() && vec.ok()) << scalar.status().ToString() << " " << vec.status().ToString();
+        EXPECT_GT(fused, 0u) << what;
+        ASSERT_EQ(scalar->size_bytes(), vec->size_bytes());
+        ASSERT_EQ(0, std::memcmp(scalar->data(), vec->data(), vec->size_bytes())) << what << " " << DTypeName(dt);
+      }
 
     // Section payloads of the profile's K and V sections of layer 1, intact
     // and with flipped bytes: the same verdict and output on both paths.
@@ -656,6 +659,27 @@ TEST_F(SimdParity, HeadTransformMatchesScalar) {
       EXPECT_EQ(std::memcmp(fast.data(), slow.data(), d * sizeof(float)), 0) << "d " << d << " avx512 " << avx512;
     }
     simd::SetAvx512Enabled(true);
+    // Several rows at once: each row the single-row bits.
+    for (uint32_t rows : {1u, 2u, 3u, 4u, 5u, 9u}) {
+      std::vector<float> many(size_t{rows} * d), outs(size_t{rows} * d);
+      for (float& v : many) v = normal(rng) * 10;
+      for (bool avx512 : {false, true}) {
+        simd::SetAvx512Enabled(avx512);
+        TransposeTimesRows(a.data(), many.data(), outs.data(), d, rows);
+        for (uint32_t i = 0; i < rows; ++i) {
+          simd::SetEnabled(false);
+          TransposeTimes(a.data(), many.data() + size_t{i} * d, slow.data(), d);
+          simd::SetEnabled(true);
+          EXPECT_EQ(std::memcmp(outs.data() + size_t{i} * d, slow.data(), d * sizeof(float)), 0)
+              << "d " << d << " rows " << rows << " row " << i << " avx512 " << avx512;
+        }
+      }
+      simd::SetAvx512Enabled(true);
+    }
+    TransposeTimes(a.data(), in.data(), fast.data(), d);
+    simd::SetEnabled(false);
+    TransposeTimes(a.data(), in.data(), slow.data(), d);
+    simd::SetEnabled(true);
     double want = 0;  // and it is A^T in: output 0 against a double sum
     for (uint32_t r = 0; r < d; ++r) want += double(a[size_t{r} * d]) * in[r];
     EXPECT_NEAR(slow[0], want, 1e-3 * (1 + std::abs(want))) << "d " << d;

@@ -131,6 +131,7 @@ __attribute__((target("avx2"), noinline, cold)) bool PatchEscapes(__m256i* q, St
 // cos/sin (pair 0).
 struct Row {
   uint32_t token = 0;
+  uint32_t slot = 0;  // head transforms: its place among the rows waiting for FlushRows
   uint8_t* dst = nullptr;
   const float* st = nullptr;
   const float* cos = nullptr;
@@ -149,9 +150,10 @@ struct RowContext {
   const float* levels;
   const int32_t* level_offset[2];
   uint32_t level_top;
-  // Head transforms: coded-domain rows [head][row kind][D] gathered here,
-  // then turned back by FinishRow; transform_t the batch's first head's U^T.
+  // Head transforms: coded-domain rows [head][slot][D] gathered here, then
+  // turned back together by FlushRows; transform_t the batch's first head's U^T.
   float* coded;
+  uint32_t slots;
   const float* transform_t;
   const SectionSink* sink;
   uint32_t head0;
@@ -174,14 +176,18 @@ __attribute__((target("avx2"), always_inline)) inline __m256 LevelOf(const RowCo
   return _mm256_blendv_ps(plain, y, _mm256_castsi256_ps(in_book));
 }
 
-// A gathered coded-domain row of head h (kTransform): turned back with the
-// head's U (HeadFromCoding) and stored through the sink, RoPE included,
-// exactly as the generic path does it.
-inline void FinishRow(const RowContext& g, const Row& r, int kind, int h, uint32_t D) {
+// The gathered coded-domain rows of slots [0, n) (tokens first, first + 1,
+// ...; kTransform) of every head of the batch: turned back with the head's U
+// (several rows per pass, HeadRowsFromCoding) and stored through the sink,
+// RoPE included, exactly as the generic path stores them.
+inline void FlushRows(const RowContext& g, int heads, uint32_t first, uint32_t n) {
   thread_local std::vector<float> x;
-  const float* y = g.coded + (size_t(h) * 2 + kind) * D;
-  HeadFromCoding(g.transform_t + size_t(h) * D * D, y, GrowScratch(x, D), D);
-  g.sink->Store(r.token, g.head0 + h, x.data());
+  const uint32_t D = g.dim;
+  float* out = GrowScratch(x, size_t{n} * D);
+  for (int h = 0; h < heads; ++h) {
+    HeadRowsFromCoding(g.transform_t + size_t(h) * D * D, g.coded + size_t(h) * g.slots * D, out, D, n);
+    for (uint32_t i = 0; i < n; ++i) g.sink->Store(first + i, g.head0 + h, out + size_t{i} * D);
+  }
 }
 
 // RoPE of kind kRope (0 none, 1 normal, 2 NeoX) on the 8 values of dims
@@ -220,8 +226,8 @@ __attribute__((target("avx2,f16c"), always_inline)) inline void Emit(const RowCo
                                                                     int h, uint32_t d, __m256 v, const Angles& a,
                                                                     __m256& nan) {
   if constexpr (kTransform) {
-    // Gathered in the coding domain; FinishRow stores the whole row.
-    _mm256_storeu_ps(g.coded + (size_t(h) * 2 + kind) * g.dim + d, v);
+    // Gathered in the coding domain; FlushRows stores whole rows.
+    _mm256_storeu_ps(g.coded + (size_t(h) * g.slots + r.slot) * g.dim + d, v);
     return;
   }
   constexpr size_t kEsize = kOut == DType::kF32 ? 4 : 2;
@@ -334,12 +340,6 @@ __attribute__((target("avx2,bmi2,f16c"), always_inline)) inline bool Group(Batch
       }
     }
   }
-  if constexpr (P::kTransformed) {
-    for (int h = 0; h < K; ++h) {
-      FinishRow(g, ra, 0, h, b.D);
-      if constexpr (kPair) FinishRow(g, rd, 1, h, b.D);
-    }
-  }
   return true;
 }
 
@@ -366,8 +366,6 @@ __attribute__((target("avx2,bmi2,f16c"), always_inline)) inline bool DeltaRow(Ba
           g, r, 1, h, d, Dequant(LevelOf(g, q, 1, c), _mm256_loadu_ps(g.anchor + c), r.st + c), a, nan);
     }
   }
-  if constexpr (P::kTransformed)
-    for (int h = 0; h < K; ++h) FinishRow(g, r, 1, h, b.D);
   return true;
 }
 
@@ -377,9 +375,11 @@ struct RowMaker {
   const FusedSection* fs;
   uint32_t head0;
   size_t c0;
+  uint32_t first_waiting = 0;  // head transforms: the token of slot 0
   Row operator()(uint32_t t) const {
     Row r;
     r.token = t;
+    r.slot = t - first_waiting;
     r.dst = static_cast<uint8_t*>(sink->view.Pointer(sink->layer, sink->kv, t, head0, 0));
     r.st = (t >= fs->layout->recent_begin ? fs->st_recent : fs->st) + c0;
     if (sink->rope) {
@@ -463,13 +463,17 @@ __attribute__((target("avx2,bmi2,f16c"))) bool DecodeBatch(const FusedSection& f
   for (int kind = 0; kind < 2; ++kind)
     g.level_offset[kind] = fs.levels ? fs.level_offset + size_t(kind) * C + c0 : nullptr;
   g.level_top = fs.level_top;
-  g.coded = P::kTransformed ? GrowScratch(coded, size_t{K} * 2 * D) : nullptr;
+  // Rows wait for FlushRows until at least kFlushRows have gathered (a token
+  // group adds up to G).
+  constexpr uint32_t kFlushRows = 4;
+  g.slots = kFlushRows - 1 + std::max<uint32_t>(l.group_tokens, 1);
+  g.coded = P::kTransformed ? GrowScratch(coded, size_t{K} * g.slots * D) : nullptr;
   g.transform_t = P::kTransformed ? l.transform_t + size_t{head0} * D * D : nullptr;
   g.sink = &sink;
   g.head0 = head0;
   g.dim = D;
   BatchState<P> b{x, w, lk, s, D, g};
-  const RowMaker rows{&sink, &fs, head0, c0};
+  RowMaker rows{&sink, &fs, head0, c0};
   __m256 nan = _mm256_setzero_ps();
   const __m256i mark = _mm256_set1_epi32(kEscapeMark);
   const uint32_t G = P::kHasPairs ? l.group_tokens : 1;
@@ -491,6 +495,13 @@ __attribute__((target("avx2,bmi2,f16c"))) bool DecodeBatch(const FusedSection& f
     }
     for (int k = 0; k < S; ++k)
       if (size_t(w[k] - s[k].words) / 2 > s[k].limit) return false;  // a padded stream read past its payload
+    if constexpr (P::kTransformed) {
+      const uint32_t waiting = t + n - rows.first_waiting;
+      if (waiting >= kFlushRows || t + n >= tq) {
+        FlushRows(g, K, rows.first_waiting, waiting);
+        rows.first_waiting = t + n;
+      }
+    }
   }
   // The checks rANS makes at a stream's end (rans.cc FinishStream).
   const __m256i low = _mm256_set1_epi32(1 << 16);

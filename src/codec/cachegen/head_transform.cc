@@ -100,6 +100,78 @@ __attribute__((target("avx512f,avx2,fma"))) void TransposeTimesAvx512(const floa
   if (c0 < d) TransposeTimesAvx2Columns(a, in, out, d, c0);
 }
 
+// Several rows through one matrix (rows of `in` and `out` d apart): each
+// row's outputs are the single-row chains, so the same bits; what it gains is
+// independent chains in flight (one row's 64-step chains wait on the FMA
+// latency) and each matrix row loaded once per block of rows.
+// AVX-512: blocks of 4 rows x 64 outputs (16 accumulators).
+__attribute__((target("avx512f,avx2,fma"))) uint32_t TransposeTimesRowsAvx512(const float* __restrict__ a,
+                                                                            const float* __restrict__ in,
+                                                                            float* __restrict__ out, uint32_t d,
+                                                                            uint32_t rows) {
+  if (d % 64 != 0) return 0;
+  uint32_t i0 = 0;
+  for (; i0 + 4 <= rows; i0 += 4) {
+    const float* x = in + size_t{i0} * d;
+    float* y = out + size_t{i0} * d;
+    for (uint32_t c0 = 0; c0 < d; c0 += 64) {
+      __m512 acc[4][4];
+      for (auto& row : acc)
+        for (auto& v : row) v = _mm512_setzero_ps();
+      for (uint32_t r = 0; r < d; ++r) {
+        const float* ar = a + size_t{r} * d + c0;
+        const __m512 u0 = _mm512_loadu_ps(ar), u1 = _mm512_loadu_ps(ar + 16), u2 = _mm512_loadu_ps(ar + 32),
+                     u3 = _mm512_loadu_ps(ar + 48);
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i) {
+          const __m512 v = _mm512_set1_ps(x[size_t(i) * d + r]);
+          acc[i][0] = _mm512_fmadd_ps(u0, v, acc[i][0]);
+          acc[i][1] = _mm512_fmadd_ps(u1, v, acc[i][1]);
+          acc[i][2] = _mm512_fmadd_ps(u2, v, acc[i][2]);
+          acc[i][3] = _mm512_fmadd_ps(u3, v, acc[i][3]);
+        }
+      }
+      for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < 4; ++j) _mm512_storeu_ps(y + size_t(i) * d + c0 + 16 * j, acc[i][j]);
+    }
+  }
+  return i0;
+}
+
+// AVX2: blocks of 2 rows x 32 outputs (8 accumulators).
+__attribute__((target("avx2,fma"))) uint32_t TransposeTimesRowsAvx2(const float* __restrict__ a,
+                                                                   const float* __restrict__ in,
+                                                                   float* __restrict__ out, uint32_t d,
+                                                                   uint32_t rows) {
+  if (d % 32 != 0) return 0;
+  uint32_t i0 = 0;
+  for (; i0 + 2 <= rows; i0 += 2) {
+    const float* x = in + size_t{i0} * d;
+    float* y = out + size_t{i0} * d;
+    for (uint32_t c0 = 0; c0 < d; c0 += 32) {
+      __m256 acc[2][4];
+      for (auto& row : acc)
+        for (auto& v : row) v = _mm256_setzero_ps();
+      for (uint32_t r = 0; r < d; ++r) {
+        const float* ar = a + size_t{r} * d + c0;
+        const __m256 u0 = _mm256_loadu_ps(ar), u1 = _mm256_loadu_ps(ar + 8), u2 = _mm256_loadu_ps(ar + 16),
+                     u3 = _mm256_loadu_ps(ar + 24);
+#pragma GCC unroll 2
+        for (int i = 0; i < 2; ++i) {
+          const __m256 v = _mm256_set1_ps(x[size_t(i) * d + r]);
+          acc[i][0] = _mm256_fmadd_ps(u0, v, acc[i][0]);
+          acc[i][1] = _mm256_fmadd_ps(u1, v, acc[i][1]);
+          acc[i][2] = _mm256_fmadd_ps(u2, v, acc[i][2]);
+          acc[i][3] = _mm256_fmadd_ps(u3, v, acc[i][3]);
+        }
+      }
+      for (int i = 0; i < 2; ++i)
+        for (int j = 0; j < 4; ++j) _mm256_storeu_ps(y + size_t(i) * d + c0 + 8 * j, acc[i][j]);
+    }
+  }
+  return i0;
+}
+
 #endif
 
 }  // namespace
@@ -110,6 +182,17 @@ void TransposeTimes(const float* a, const float* in, float* out, uint32_t d) {
   if (simd::Fma()) return TransposeTimesAvx2(a, in, out, d);
 #endif
   TransposeTimesScalar(a, in, out, d);
+}
+
+void TransposeTimesRows(const float* a, const float* in, float* out, uint32_t d, uint32_t rows) {
+  uint32_t done = 0;
+#if defined(__x86_64__)
+  if (simd::Avx512())
+    done = TransposeTimesRowsAvx512(a, in, out, d, rows);
+  else if (simd::Fma())
+    done = TransposeTimesRowsAvx2(a, in, out, d, rows);
+#endif
+  for (uint32_t i = done; i < rows; ++i) TransposeTimes(a, in + size_t{i} * d, out + size_t{i} * d, d);
 }
 
 std::vector<float> Transposed(std::span<const float> u, uint32_t d) {
