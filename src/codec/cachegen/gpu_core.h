@@ -20,6 +20,7 @@
 
 #include <cstdint>
 
+#include "codec/cachegen/section_format.h"
 #include "common/half.h"
 #include "common/hd.h"
 
@@ -145,7 +146,6 @@ CG_HD inline Workspace CarveWorkspace(uint8_t* base, uint32_t head_dim) {
   return w;
 }
 
-CG_HD inline int32_t UnZigZag(uint32_t u) { return static_cast<int32_t>(u >> 1) ^ -static_cast<int32_t>(u & 1); }
 
 // Unsigned LEB128 of at most 10 bytes from [*pos, end), as ByteReader::Varint.
 CG_HD inline bool ReadVarint(const uint8_t* bytes, uint64_t* pos, uint64_t end, uint64_t* out) {

@@ -20,6 +20,7 @@
 #include "cachegen/kv.h"
 #include "cachegen/status.h"
 #include "codec/rans.h"
+#include "codec/cachegen/section_format.h"
 #include "common/bytes.h"
 
 namespace cachegen {
@@ -68,6 +69,18 @@ struct SectionLayout {
   // Tokens coded through the quantizer: all but an exact f16 tail.
   uint32_t quantized_tokens() const { return recent_step_scale == 0 ? recent_begin : tokens; }
 };
+
+// Streams of a section: per head an anchor stream, then (with deltas) a delta stream.
+struct StreamCounts {
+  uint32_t anchors = 0;  // tokens coded against the channel mean
+  uint32_t deltas = 0;   // tokens coded against their group's anchor
+};
+StreamCounts CountStreams(const SectionLayout& l, bool use_delta);
+
+// The per-token step multiplier: recent tokens may be finer.
+inline float TokenStep(const SectionLayout& l, float step, uint32_t t) {
+  return t >= l.recent_begin ? step * l.recent_step_scale : step;
+}
 
 // A section's learned reconstruction levels (FORMAT.md "Reconstruction
 // codebook"): per group of channels and stream kind, the symbols u = 1..2M
@@ -185,12 +198,6 @@ struct SectionHeader {
   int grid = -1;           // profile grid point, or -1
   size_t stats_begin = 0;  // offset of the channel scale codes (when present)
 };
-// Section flags (FORMAT.md "Section payload").
-constexpr uint8_t kSectionDelta = 1;
-constexpr uint8_t kSectionProfileStats = 2;   // channel statistics from the profile
-constexpr uint8_t kSectionProfileTables = 4;  // streams in table form, grid point byte follows the step
-constexpr uint8_t kSectionCodebook = 8;       // reconstruction codebook after the channel statistics
-constexpr uint8_t kSectionFlagsKnown = 15;
 // Reads the header from r; sigma and mean receive the C dequantized channel
 // scales and means. Leaves r at the codebook (flag bit 3), else at the first symbol stream.
 Status ParseSectionHeader(const SectionLayout& layout, ByteReader& r, SectionHeader* header, float* sigma,
