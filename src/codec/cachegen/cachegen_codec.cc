@@ -11,6 +11,7 @@
 #include "codec/cachegen/profile_data.h"
 #include "codec/cachegen/rope.h"
 #include "codec/cachegen/section_coder.h"
+#include "codec/cachegen/section_format.h"
 #include "codec/codec.h"
 #include "common/bytes.h"
 #include "common/parallel.h"
@@ -21,11 +22,6 @@ namespace {
 // Params version 1: the fixed 14 bytes. Version 2 adds optional blocks named
 // by flag bits (RoPE); an encoder writes version 1 whenever no such block is
 // used, so such frames stay readable by version-1 decoders.
-constexpr uint8_t kParamsVersion1 = 1;
-constexpr uint8_t kParamsVersion2 = 2;
-constexpr uint8_t kFlagRotate = 1;
-constexpr uint8_t kFlagRope = 2;
-constexpr uint8_t kFlagProfile = 4;
 // Default prediction group, measured at 2 bits/value on synthetic KV
 // (8x8x128, 512 tokens): G = 1, 2, 4, 8, 16, 32 gave K SNR 10.4, 11.3, 11.1,
 // 10.4, 9.8, 10.6 dB. The per-section delta/no-delta choice keeps it safe on
@@ -80,7 +76,7 @@ std::vector<uint8_t> WriteParams(const Params& p) {
   const bool rope = p.rope.kind != RopeConfig::Kind::kNone;
   const bool v2 = rope || p.profile;
   w.U8(v2 ? kParamsVersion2 : kParamsVersion1);
-  w.U8((p.rotate ? kFlagRotate : 0) | (rope ? kFlagRope : 0) | (p.profile ? kFlagProfile : 0));
+  w.U8((p.rotate ? kParamsRotate : 0) | (rope ? kParamsRope : 0) | (p.profile ? kParamsProfile : 0));
   w.U32(p.group_tokens);
   w.U32(p.recent_tokens);
   w.F32(p.recent_step_scale);
@@ -109,10 +105,10 @@ Result<Params> ReadParams(std::span<const uint8_t> bytes, const KVShape& shape) 
   p.recent_tokens = r.U32();
   p.recent_step_scale = r.F32();
   if (!r.ok()) return Status::Corrupt("cachegen params: wrong length");
-  const uint8_t known = version == kParamsVersion1 ? kFlagRotate : (kFlagRotate | kFlagRope | kFlagProfile);
+  const uint8_t known = version == kParamsVersion1 ? kParamsRotate : (kParamsRotate | kParamsRope | kParamsProfile);
   if (flags & ~known) return Status::Corrupt("cachegen params: unknown flags");
-  p.rotate = flags & kFlagRotate;
-  if (flags & kFlagRope) {
+  p.rotate = flags & kParamsRotate;
+  if (flags & kParamsRope) {
     const uint8_t kind = r.U8();
     p.rope.dims = r.U32();
     p.rope.freq_base = r.F32();
@@ -122,7 +118,7 @@ Result<Params> ReadParams(std::span<const uint8_t> bytes, const KVShape& shape) 
     p.rope.kind = static_cast<RopeConfig::Kind>(kind);
     if (!ValidateRope(p.rope, head_dim).ok()) return Status::Corrupt("cachegen params: invalid RoPE block");
   }
-  if (flags & kFlagProfile) {
+  if (flags & kParamsProfile) {
     const uint64_t id = r.U64();
     if (!r.ok()) return Status::Corrupt("cachegen params: wrong length");
     p.profile = FindProfile(id);

@@ -565,24 +565,10 @@ bool DecodeAs(const FusedSection& s, const FusedStream* ps, uint32_t head0, uint
 }  // namespace
 #endif
 
-// RoPE whose rotated pairs lie in whole 8-dim blocks: normal pairs (2i, 2i+1)
-// over dims a multiple of 8; NeoX pairs (i, i + dims/2) with dims/2 a
-// multiple of 8.
-static bool FusedRope(const RopeTable* rope) {
-  if (!rope) return true;
-  const RopeConfig& r = rope->rope();
-  if (r.kind == RopeConfig::Kind::kNormal) return r.dims % 8 == 0;
-  return r.kind == RopeConfig::Kind::kNeox && r.dims % 16 == 0;
-}
-
-bool FusedApplies(const SectionLayout& l, const SectionSink& sink, bool use_delta) {
+bool FusedAvailable() {
 #if defined(__x86_64__)
-  // Without a transform rows are stored from registers: contiguous dims and
-  // RoPE pairs within 8-dim blocks.
-  const bool stores = l.transform || (FusedRope(sink.rope) && sink.view.strides().dim == 1);
-  return simd::Avx2() && !l.rotate && stores && l.head_dim % 8 == 0 && (!use_delta || l.group_tokens >= 2);
+  return simd::Avx2();
 #else
-  (void)l, (void)sink, (void)use_delta;
   return false;
 #endif
 }

@@ -1,4 +1,4 @@
-// The fast schedule of DecodeCacheGenSection (section_coder.cc): the rANS
+// The fast schedule of DecodeCacheGenSection (section_decoder.cc): the rANS
 // rounds of a batch of heads' streams decoded in lockstep with AVX2, each
 // round's 8 symbols dequantized (through the section's reconstruction
 // codebook, if any), delta-reconstructed and stored from registers (or, with
@@ -7,10 +7,11 @@
 //
 // It takes what `profile train` makes by default (profile tables, per-class
 // tables of channel classes, lloyd codebooks, learned head transforms, keys
-// with RoPE) as well as profile-free frames; FusedApplies says which layouts,
-// and it produces exactly the generic path's bytes. Anything else (Hadamard
-// rotation; RoPE pairs across 8-dim blocks without a transform; head_dim not a
-// multiple of 8; one-lane streams) stays with the generic path.
+// with RoPE) as well as profile-free frames; kFusedSchedule (section_format.h)
+// lists what it takes, and it produces exactly the generic path's bytes.
+// Anything else (Hadamard rotation; RoPE pairs across 8-dim blocks or strided
+// dims without a transform; head_dim not a multiple of 8; one-lane streams)
+// stays with the generic path.
 #pragma once
 
 #include <cstdint>
@@ -51,8 +52,9 @@ struct FusedSection {
   uint32_t level_top = 0;
 };
 
-// Whether sections of this layout can take the fused path into this sink.
-bool FusedApplies(const SectionLayout& l, const SectionSink& sink, bool use_delta);
+// Whether this CPU runs the fused schedule (AVX2, F16C, BMI2, and SIMD not
+// switched off); which sections it takes: kFusedSchedule (section_format.h).
+bool FusedAvailable();
 
 // Decodes heads [head0, head0 + heads) whose streams are `streams` (per head
 // its anchor stream, then with deltas its delta stream) into the sink.

@@ -10,7 +10,7 @@
 // head_dim values are reconstructed with the threads spread over dims.
 //
 // Float operations are those of the CPU decoder, in the same order
-// (section_coder.cc, hadamard.cc, rope.cc): a multiply then an add for each
+// (section_decoder.cc, hadamard.cc, rope.cc): a multiply then an add for each
 // dequantized value, no contraction (nvcc -fmad=false), so results are
 // bit-identical. Everything here trusts a validated plan for the layout
 // (offsets, sizes, destination), and still checks every payload-dependent read

@@ -6,6 +6,7 @@
 
 #include "codec/cachegen/rope.h"
 #include "codec/cachegen/section_coder.h"
+#include "codec/cachegen/section_format.h"
 #include "codec/rans.h"
 #include "common/bytes.h"
 #include "common/parallel.h"
@@ -15,14 +16,13 @@
 namespace cachegen::gpu {
 namespace {
 
-// The cachegen params (FORMAT.md "Frame parameters") this decoder implements.
-constexpr uint8_t kParamsFlagRotate = 1;
-constexpr uint8_t kParamsFlagRope = 2;
-constexpr uint8_t kKnownParamsFlags = kParamsFlagRotate | kParamsFlagRope;
-// Every params flag the format defines (the third: a profile reference).
-constexpr uint8_t kFormatParamsFlags = 7;
+// The cachegen params (FORMAT.md "Frame parameters") this decoder implements
+// (kCudaSchedule: no model profiles).
+constexpr uint8_t kKnownParamsFlags = kParamsRotate | kParamsRope;
 constexpr uint8_t kKnownSectionFlags = kSectionDelta;
-constexpr uint8_t kMaxParamsVersion = 2;
+constexpr uint8_t kMaxParamsVersion = kParamsVersion2;
+static_assert(!Takes(kCudaSchedule, kFeatureProfileStats) && !Takes(kCudaSchedule, kFeatureCodebook),
+              "the planner refuses profile frames and codebooks; update both together");
 
 const char* KVName(uint32_t kv) { return kv ? "V" : "K"; }
 
@@ -34,7 +34,7 @@ Status CheckParamsSupported(std::span<const uint8_t> params) {
   if (params[0] > kMaxParamsVersion)
     return Status::Unsupported("cachegen params version " + std::to_string(params[0]) +
                                " is not supported by the CUDA decoder");
-  if (params[1] & ~kFormatParamsFlags) return Status::Corrupt("cachegen params: unknown flags");
+  if (params[1] & ~kParamsFlagsKnown) return Status::Corrupt("cachegen params: unknown flags");
   if (params[1] & ~kKnownParamsFlags)
     return Status::Unsupported("cachegen params flags " + std::to_string(params[1]) +
                                " are not supported by the CUDA decoder (model profiles and newer features are CPU only)");

@@ -189,6 +189,8 @@ class SectionAnalysis {
 // The 256 channel scales σ̂ a scale code names (FORMAT.md "Section payload").
 const std::array<float, 256>& SigmaTable();
 
+struct SectionSink;
+
 // A section payload's header (FORMAT.md "Section payload"): flags, step, grid
 // point, channel statistics. Parsed and validated by the CPU decoder and the
 // CUDA decoder's plan alike.
@@ -198,6 +200,9 @@ struct SectionHeader {
   int grid = -1;           // profile grid point, or -1
   size_t stats_begin = 0;  // offset of the channel scale codes (when present)
 };
+// The SectionFeature bits (section_format.h) a section with this header asks
+// of a schedule that decodes it into `sink`.
+uint32_t SectionFeatures(const SectionLayout& layout, const SectionHeader& header, const SectionSink& sink);
 // Reads the header from r; sigma and mean receive the C dequantized channel
 // scales and means. Leaves r at the codebook (flag bit 3), else at the first symbol stream.
 Status ParseSectionHeader(const SectionLayout& layout, ByteReader& r, SectionHeader* header, float* sigma,

@@ -163,6 +163,36 @@ constexpr uint32_t kBatchStreams = 8;
 
 }  // namespace
 
+namespace {
+
+// RoPE whose rotated pairs lie in whole 8-dim blocks: normal pairs (2i, 2i+1)
+// over dims a multiple of 8; NeoX pairs (i, i + dims/2) with dims/2 a
+// multiple of 8.
+bool RopePairsInBlocks(const RopeConfig& r) {
+  if (r.kind == RopeConfig::Kind::kNormal) return r.dims % 8 == 0;
+  return r.kind == RopeConfig::Kind::kNeox && r.dims % 16 == 0;
+}
+
+}  // namespace
+
+uint32_t SectionFeatures(const SectionLayout& l, const SectionHeader& h, const SectionSink& sink) {
+  uint32_t f = 0;
+  if (h.flags & kSectionProfileStats) f |= kFeatureProfileStats;
+  if (h.grid >= 0) f |= l.profile->HasClasses(l.section) ? kFeatureChannelClasses : kFeatureProfileTables;
+  if (h.flags & kSectionCodebook) f |= kFeatureCodebook;
+  if (l.transform) f |= kFeatureHeadTransform;
+  if (l.rotate) f |= kFeatureHadamard;
+  if (sink.rope) f |= kFeatureRope;
+  // Rows stored from registers 8 dims at a time (without a transform, which
+  // stores whole rows through the sink).
+  if (!l.transform && sink.rope && !RopePairsInBlocks(sink.rope->rope())) f |= kFeatureRopeSplitPairs;
+  if (!l.transform && sink.view.strides().dim != 1) f |= kFeatureStridedDims;
+  if (l.head_dim % 8 != 0) f |= kFeatureOddHeadDim;
+  if ((h.flags & kSectionDelta) && l.group_tokens < 2) f |= kFeatureSingleTokenGroups;
+  if (l.recent_begin < l.tokens) f |= l.recent_step_scale == 0 ? kFeatureExactTail : kFeatureFinerRecent;
+  return f;
+}
+
 Status ParseSectionHeader(const SectionLayout& l, ByteReader& r, SectionHeader* hdr, float* sigma, float* mean) {
   const uint32_t C = l.channels();
   const uint8_t flags = r.U8();
@@ -362,9 +392,9 @@ Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> pa
       !levels && !l.rotate && !l.transform && !sink.rope && sink.view.dtype() == DType::kF16 && sink.view.strides().dim == 1 && simd::Avx2();
 #endif
 
-  // The fused schedule takes the flags above; a section with any other (a
-  // later addition to the format) stays with the generic one.
-  const bool fused = (hdr.flags & ~kSectionFlagsKnown) == 0 && internal::FusedApplies(l, sink, use_delta);
+  // The fused schedule where it takes what the section asks for (and every
+  // stream of a batch is 8-lane rANS: FusedStreams); else the generic one.
+  const bool fused = internal::FusedAvailable() && Takes(kFusedSchedule, SectionFeatures(l, hdr, sink));
   const internal::FusedSection fs{&l, &sink, use_delta, mean, st, st_recent, levels, level_offset, lt.top};
 
   for (uint32_t h0 = 0; h0 < H; h0 += batch) {

@@ -12,6 +12,14 @@
 
 namespace cachegen {
 
+// Frame parameters (FORMAT.md "Frame parameters"): versions and flags.
+constexpr uint8_t kParamsVersion1 = 1;
+constexpr uint8_t kParamsVersion2 = 2;
+constexpr uint8_t kParamsRotate = 1;   // Hadamard-rotated heads
+constexpr uint8_t kParamsRope = 2;     // keys post-RoPE: a RoPE block follows (version 2)
+constexpr uint8_t kParamsProfile = 4;  // a model profile id follows (version 2)
+constexpr uint8_t kParamsFlagsKnown = 7;
+
 // Section flags (FORMAT.md "Section payload").
 constexpr uint8_t kSectionDelta = 1;
 constexpr uint8_t kSectionProfileStats = 2;   // channel statistics from the profile
@@ -52,5 +60,43 @@ inline int32_t QuantizeValue(float r, float inv_step) {
   const float v = std::min(std::max(r * inv_step, -float(kMaxAbsSymbol)), float(kMaxAbsSymbol));
   return static_cast<int32_t>(v + std::copysign(0.5f, v));
 }
+
+// What a section asks of a decoder schedule, beyond the plain path (anchor
+// rows, or anchor and delta rows, uniform levels, f16/bf16/f32 rows with
+// contiguous dims): each schedule declares below which of these it takes, and
+// a section asking for anything else goes to the generic schedule, which
+// takes every valid section (the reference, section_decoder.cc).
+enum SectionFeature : uint32_t {
+  kFeatureProfileStats = 1u << 0,   // channel statistics from a model profile
+  kFeatureProfileTables = 1u << 1,  // table-form streams, one table per head
+  kFeatureChannelClasses = 1u << 2, // table-form streams, a table cycle per head (classes)
+  kFeatureCodebook = 1u << 3,       // reconstruction codebook
+  kFeatureHeadTransform = 1u << 4,  // a profile's learned head transforms
+  kFeatureHadamard = 1u << 5,       // Hadamard-rotated heads
+  kFeatureRope = 1u << 6,           // keys with RoPE redone
+  kFeatureRopeSplitPairs = 1u << 7, // RoPE pairs across 8-dim blocks (no transform)
+  kFeatureOddHeadDim = 1u << 8,     // head_dim not a multiple of 8
+  kFeatureSingleTokenGroups = 1u << 9,  // delta prediction with groups of 1 token (none)
+  kFeatureStridedDims = 1u << 10,   // output rows whose dims are not contiguous
+  kFeatureOneLaneStreams = 1u << 11,  // rANS streams of other than 8 lanes, constant or empty streams
+  kFeatureExactTail = 1u << 12,     // recent tokens kept as exact f16
+  kFeatureFinerRecent = 1u << 13,   // a finer step for the recent tokens
+};
+
+struct DecodeSchedule {
+  const char* name;
+  uint32_t takes;  // SectionFeature bits
+};
+// The generic CPU schedule: every section the format defines.
+constexpr DecodeSchedule kGenericSchedule{"generic", ~0u};
+// The fused AVX2 schedule (fused_decode.h): the default quality path.
+constexpr DecodeSchedule kFusedSchedule{
+    "fused-avx2", kFeatureProfileStats | kFeatureProfileTables | kFeatureChannelClasses | kFeatureCodebook |
+                      kFeatureHeadTransform | kFeatureRope | kFeatureExactTail | kFeatureFinerRecent};
+// The CUDA warp schedule (gpu_core.h, planned by gpu_plan.h).
+constexpr DecodeSchedule kCudaSchedule{
+    "cuda-warp", kFeatureHadamard | kFeatureRope | kFeatureRopeSplitPairs | kFeatureOddHeadDim |
+                     kFeatureSingleTokenGroups | kFeatureOneLaneStreams | kFeatureExactTail | kFeatureFinerRecent};
+constexpr bool Takes(const DecodeSchedule& s, uint32_t features) { return (features & ~s.takes) == 0; }
 
 }  // namespace cachegen
