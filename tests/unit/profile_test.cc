@@ -855,5 +855,29 @@ TEST(Profile, EncoderRejectsMismatchedSettings) {
   EXPECT_EQ(Encoder::Create(cfg)->Encode(small->view()).status().code(), StatusCode::kInvalidArgument);
 }
 
+// The decoders' tables of a profile are built once per (section, grid point)
+// and kept within the cache's budget, least recently used first out; tables
+// a decode still holds stay valid after they leave the cache.
+TEST(Profile, DecodeTablesAreCachedWithinABudget) {
+  auto p = Trained();
+  ASSERT_TRUE(p);
+  const internal::ProfileData& d = p->data();
+  const size_t one = d.decode_tables.Get(d, 0, 0)->bytes();
+  internal::ProfileDecodeTables cache(2 * one);
+  auto a = cache.Get(d, 0, 0);
+  EXPECT_EQ(cache.Get(d, 0, 0), a);  // cached
+  auto b = cache.Get(d, 0, 1);
+  EXPECT_EQ(cache.bytes(), 2 * one);
+  cache.Get(d, 0, 0);  // now b is the least recently used
+  auto c = cache.Get(d, 0, 2);
+  EXPECT_LE(cache.bytes(), 2 * one);
+  EXPECT_EQ(cache.Get(d, 0, 0), a);
+  EXPECT_NE(cache.Get(d, 0, 1), b);  // rebuilt: it had left
+  EXPECT_EQ(b->symbols.size(), a->symbols.size());  // still whole while held
+  const rans::FreqTable& f = d.Table(0, 1, 0, 0);
+  for (uint32_t v = 0, slot = 0; v <= f.escape; slot += f.freq[v], ++v)
+    EXPECT_EQ(b->symbols[0].entry[slot] & 0xff, v);
+}
+
 }  // namespace
 }  // namespace cachegen

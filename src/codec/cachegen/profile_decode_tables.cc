@@ -6,8 +6,8 @@ namespace cachegen::internal {
 
 namespace {
 
-std::unique_ptr<const SectionDecodeTables> Build(const ProfileData& p, uint32_t section, uint32_t grid) {
-  auto t = std::make_unique<SectionDecodeTables>();
+std::shared_ptr<const SectionDecodeTables> Build(const ProfileData& p, uint32_t section, uint32_t grid) {
+  auto t = std::make_shared<SectionDecodeTables>();
   const uint32_t C = p.channels();
   t->units = p.TableUnits(section);
   t->channels = C;
@@ -32,14 +32,30 @@ std::unique_ptr<const SectionDecodeTables> Build(const ProfileData& p, uint32_t 
 
 }  // namespace
 
-const SectionDecodeTables& ProfileDecodeTables::Get(const ProfileData& profile, uint32_t section,
-                                                    uint32_t grid) const {
+std::shared_ptr<const SectionDecodeTables> ProfileDecodeTables::Get(const ProfileData& profile, uint32_t section,
+                                                                    uint32_t grid) const {
+  const uint64_t key = (uint64_t{section} << 32) | grid;
   std::lock_guard<std::mutex> lock(mu_);
-  const size_t n = size_t{profile.layers} * 2 * profile.grid_points;
-  if (slots_.size() < n) slots_.resize(n);
-  auto& slot = slots_[size_t{section} * profile.grid_points + grid];
-  if (!slot) slot = Build(profile, section, grid);
-  return *slot;
+  Entry& e = entries_[key];
+  e.last_use = ++uses_;
+  if (e.tables) return e.tables;
+  e.tables = Build(profile, section, grid);
+  bytes_ += e.tables->bytes();
+  std::shared_ptr<const SectionDecodeTables> out = e.tables;
+  // Over budget: drop the least recently used other entries.
+  while (bytes_ > budget_ && entries_.size() > 1) {
+    auto oldest = entries_.end();
+    for (auto it = entries_.begin(); it != entries_.end(); ++it)
+      if (it->first != key && (oldest == entries_.end() || it->second.last_use < oldest->second.last_use)) oldest = it;
+    bytes_ -= oldest->second.tables->bytes();
+    entries_.erase(oldest);
+  }
+  return out;
+}
+
+size_t ProfileDecodeTables::bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return bytes_;
 }
 
 }  // namespace cachegen::internal

@@ -5,7 +5,9 @@
 // up to 32 tables, each as large as the section's symbols at low rates.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -30,6 +32,10 @@ struct SectionDecodeTables {
   // table's escape symbol.
   std::vector<uint32_t> channel_table, channel_escape;
 
+  size_t bytes() const {
+    return symbols.size() * sizeof(rans::DecodeTable) + values.size() * 4 + channel_table.size() * 8;
+  }
+
   const rans::DecodeTable* Symbols(uint32_t kind, uint32_t channel) const {
     return &symbols[channel_table[size_t{kind} * channels + channel]];
   }
@@ -38,21 +44,37 @@ struct SectionDecodeTables {
   }
 };
 
-// The cache a ProfileData holds: thread-safe, filled lazily, never shrunk.
-// Copies start empty (the tables are derived from the profile's bytes).
+// The cache a ProfileData holds: thread-safe, filled lazily, at most
+// kProfileDecodeTablesBytes per profile (the least recently used entries go
+// first; a decode holding one keeps it alive). Copies start empty (the tables
+// are derived from the profile's bytes).
+constexpr size_t kProfileDecodeTablesBytes = size_t{64} << 20;
+
 class ProfileDecodeTables {
  public:
-  ProfileDecodeTables() = default;
-  ProfileDecodeTables(const ProfileDecodeTables&) {}
-  ProfileDecodeTables& operator=(const ProfileDecodeTables&) { return *this; }
+  explicit ProfileDecodeTables(size_t budget_bytes = kProfileDecodeTablesBytes) : budget_(budget_bytes) {}
+  ProfileDecodeTables(const ProfileDecodeTables& other) : budget_(other.budget_) {}
+  ProfileDecodeTables& operator=(const ProfileDecodeTables& other) {
+    budget_ = other.budget_;
+    return *this;
+  }
 
   // The tables of (section, grid point) of `profile` (which holds this
   // cache); grid < profile.grid_points, section < 2 * layers.
-  const SectionDecodeTables& Get(const ProfileData& profile, uint32_t section, uint32_t grid) const;
+  std::shared_ptr<const SectionDecodeTables> Get(const ProfileData& profile, uint32_t section, uint32_t grid) const;
+  // Bytes of the tables cached now (tests).
+  size_t bytes() const;
 
  private:
+  struct Entry {
+    std::shared_ptr<const SectionDecodeTables> tables;
+    uint64_t last_use = 0;
+  };
+  size_t budget_;
   mutable std::mutex mu_;
-  mutable std::vector<std::unique_ptr<const SectionDecodeTables>> slots_;  // [section][grid]
+  mutable std::map<uint64_t, Entry> entries_;  // key section * 2^32 + grid
+  mutable size_t bytes_ = 0;
+  mutable uint64_t uses_ = 0;
 };
 
 }  // namespace cachegen::internal

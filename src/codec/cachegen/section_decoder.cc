@@ -341,8 +341,10 @@ Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> pa
   const bool use_delta = hdr.flags & kSectionDelta;
   const internal::ProfileData* prof = l.profile;
   SectionTables tables;
+  std::shared_ptr<const internal::SectionDecodeTables> held;  // kept while the section decodes
   if (hdr.grid >= 0) {
-    tables.profile = &prof->decode_tables.Get(*prof, l.section, static_cast<uint32_t>(hdr.grid));
+    held = prof->decode_tables.Get(*prof, l.section, static_cast<uint32_t>(hdr.grid));
+    tables.profile = held.get();
     tables.classes = prof->HasClasses(l.section);
   }
   // Reconstruction levels per (channel group, stream kind), when the section has a codebook.
