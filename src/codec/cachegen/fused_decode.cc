@@ -33,7 +33,7 @@ std::vector<uint8_t>& PadBuffer(uint32_t k) {
 // table and read pointer live in locals. Rounds read 8 words whatever they
 // consume, so a stream runs from its payload while a group's worth of rounds
 // plus that lookahead fits, and from a zero-padded copy of its last words
-// after that (the approach of rans.cc's DecodeLanes8Avx2).
+// after that (the approach of rans_decode.cc's DecodeLanes8Avx2).
 struct Stream {
   const uint8_t* words = nullptr;  // payload body, or its padded copy
   size_t limit = 0;                // words at `words` that are payload
@@ -503,7 +503,7 @@ __attribute__((target("avx2,bmi2,f16c"))) bool DecodeBatch(const FusedSection& f
       }
     }
   }
-  // The checks rANS makes at a stream's end (rans.cc FinishStream).
+  // The checks rANS makes at a stream's end (rans_decode.cc FinishStream).
   const __m256i low = _mm256_set1_epi32(1 << 16);
   for (int k = 0; k < S; ++k) {
     if (size_t(w[k] - s[k].words) / 2 != s[k].limit || s[k].esc.remaining() != 0) return false;
