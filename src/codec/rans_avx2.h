@@ -1,4 +1,4 @@
-// The AVX2 round of the 8-lane rANS decoder (rans.cc), shared with decoders
+// The AVX2 round of the 8-lane rANS decoder (rans_decode.cc), shared with decoders
 // that consume each round's symbols at once instead of storing them (the
 // cachegen section decoder dequantizes them in registers).
 #pragma once
