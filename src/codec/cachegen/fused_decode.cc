@@ -87,21 +87,31 @@ __attribute__((target("avx2,f16c"), always_inline)) inline void Store8(uint8_t* 
 constexpr int kEscapeMark = -128;
 
 // Where a batch's streams look their slots up (FusedStream): per stream its
-// table and, for a table cycle, per-dim entry offsets.
+// table and, for a table cycle, per-dim entry offsets. A plain batch (every
+// stream with its inline table: consecutive ParsedStreams) finds stream k's
+// table at a constant offset from the first, which takes no register in the
+// hot loop.
 template <int S>
 struct Lookup {
   const int* table[S];
   const int32_t* offset[S];
+  const uint8_t* plain_base;  // the first stream's ParsedStream::table
 };
 
 // One round of stream k at dims d..d+7: its 8 values, escapes still marked.
-template <int S>
+template <bool kPlain, int S>
 __attribute__((target("avx2,bmi2"), always_inline)) inline __m256i Values8(__m256i (&x)[S], const uint8_t* (&w)[S],
                                                                            const Lookup<S>& lk, int k, uint32_t d) {
   size_t used = 0;
-  const __m256i off = lk.offset[k] ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lk.offset[k] + d))
-                                   : _mm256_setzero_si256();
-  const __m256i e = rans::avx2::Round8At<true>(x[k], lk.table[k], off, w[k], used);
+  __m256i e;
+  if constexpr (kPlain) {
+    e = rans::avx2::Round8<true>(
+        x[k], reinterpret_cast<const int*>(lk.plain_base + size_t(k) * sizeof(rans::ParsedStream)), w[k], used);
+  } else {
+    const __m256i off = lk.offset[k] ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lk.offset[k] + d))
+                                     : _mm256_setzero_si256();
+    e = rans::avx2::Round8At<true>(x[k], lk.table[k], off, w[k], used);
+  }
   w[k] += 2 * used;
   return _mm256_srai_epi32(e, 24);
 }
@@ -163,10 +173,11 @@ struct RowContext {
 // The reconstruction level (in steps) of the 8 values q of batch channels
 // c..c+7 in a stream of `kind`: the codebook's level of symbol u =
 // ZigZag(q) when u <= level_top, else q itself (DequantLevels' rule).
+template <bool kPlain>
 __attribute__((target("avx2"), always_inline)) inline __m256 LevelOf(const RowContext& g, __m256i q, int kind,
                                                                      size_t c) {
   const __m256 plain = _mm256_cvtepi32_ps(q);
-  if (!g.levels) return plain;
+  if (kPlain || !g.levels) return plain;
   const __m256i u = _mm256_xor_si256(_mm256_slli_epi32(q, 1), _mm256_srai_epi32(q, 31));
   const __m256i top = _mm256_min_epu32(u, _mm256_set1_epi32(static_cast<int>(g.level_top)));
   const __m256i in_book = _mm256_cmpeq_epi32(top, u);
@@ -272,8 +283,12 @@ __attribute__((target("avx2"), always_inline)) inline bool BadEscape(__m256i* q,
 }
 
 // What a group's kernels are instantiated for.
-template <int K, bool kPairs, DType kOut, bool kNanCheck, int kRope, bool kTransform>
+// kPlain: every stream has its inline table and there is no codebook (a
+// profile-free frame's sections): the lookups and levels of the general form
+// are compiled out.
+template <int K, bool kPairs, DType kOut, bool kNanCheck, int kRope, bool kTransform, bool kPlain>
 struct BatchKind {
+  static constexpr bool kPlainTables = kPlain;
   static constexpr int kHeads = K;
   static constexpr bool kHasPairs = kPairs;
   static constexpr DType kDtype = kOut;
@@ -319,9 +334,9 @@ __attribute__((target("avx2,bmi2,f16c"), always_inline)) inline bool Group(Batch
     }
 #pragma GCC unroll 8
     for (int h = 0; h < K; ++h) {
-      __m256i qa = Values8(b.x, b.w, b.lk, kA * h, d);
+      __m256i qa = Values8<P::kPlainTables>(b.x, b.w, b.lk, kA * h, d);
       __m256i qd = qa;
-      if constexpr (kPair) qd = Values8(b.x, b.w, b.lk, 2 * h + 1, d);
+      if constexpr (kPair) qd = Values8<P::kPlainTables>(b.x, b.w, b.lk, 2 * h + 1, d);
       if constexpr (kChecked) {
         if (BadEscape(&qa, b.s[kA * h], d)) return false;
         if (kPair && BadEscape(&qd, b.s[2 * h + 1], d)) return false;
@@ -329,13 +344,13 @@ __attribute__((target("avx2,bmi2,f16c"), always_inline)) inline bool Group(Batch
         lowest = _mm256_min_epi32(lowest, kPair ? _mm256_min_epi32(qa, qd) : qa);
       }
       const size_t c = size_t(h) * b.D + d;
-      const __m256 va = Dequant(LevelOf(g, qa, 0, c), _mm256_loadu_ps(g.mean + c), ra.st + c);
+      const __m256 va = Dequant(LevelOf<P::kPlainTables>(g, qa, 0, c), _mm256_loadu_ps(g.mean + c), ra.st + c);
       // Groups of more than 2 tokens predict their later rows from it too.
       if constexpr (P::kHasPairs) _mm256_storeu_ps(g.anchor + c, va);
       Emit<kRope, P::kCheckNan, kOut, P::kTransformed>(g, ra, 0, h, d, va, aa, nan);
       if constexpr (kPair) {
         // Deltas are coded against the anchor's f32 reconstruction (before RoPE).
-        Emit<kRope, P::kCheckNan, kOut, P::kTransformed>(g, rd, 1, h, d, Dequant(LevelOf(g, qd, 1, c), va, rd.st + c),
+        Emit<kRope, P::kCheckNan, kOut, P::kTransformed>(g, rd, 1, h, d, Dequant(LevelOf<P::kPlainTables>(g, qd, 1, c), va, rd.st + c),
                                                         ad, nan);
       }
     }
@@ -355,7 +370,7 @@ __attribute__((target("avx2,bmi2,f16c"), always_inline)) inline bool DeltaRow(Ba
     if (NeedsAngles<kRope>(d, g.rope_dims)) a = LoadAngles<kRope>(r, d, g.rope_dims);
 #pragma GCC unroll 8
     for (int h = 0; h < K; ++h) {
-      __m256i q = Values8(b.x, b.w, b.lk, 2 * h + 1, d);
+      __m256i q = Values8<P::kPlainTables>(b.x, b.w, b.lk, 2 * h + 1, d);
       if constexpr (kChecked) {
         if (BadEscape(&q, b.s[2 * h + 1], d)) return false;
       } else {
@@ -363,7 +378,7 @@ __attribute__((target("avx2,bmi2,f16c"), always_inline)) inline bool DeltaRow(Ba
       }
       const size_t c = size_t(h) * b.D + d;
       Emit<kRope, P::kCheckNan, P::kDtype, P::kTransformed>(
-          g, r, 1, h, d, Dequant(LevelOf(g, q, 1, c), _mm256_loadu_ps(g.anchor + c), r.st + c), a, nan);
+          g, r, 1, h, d, Dequant(LevelOf<P::kPlainTables>(g, q, 1, c), _mm256_loadu_ps(g.anchor + c), r.st + c), a, nan);
     }
   }
   return true;
@@ -449,6 +464,7 @@ __attribute__((target("avx2,bmi2,f16c"))) bool DecodeBatch(const FusedSection& f
     lk.table[k] = reinterpret_cast<const int*>(p.table);
     lk.offset[k] = p.dim_offset;
   }
+  lk.plain_base = reinterpret_cast<const uint8_t*>(ps[0].table);
   const size_t c0 = size_t{head0} * D;
   const uint32_t C = l.channels();
   // Per-thread room for the NeoX stash, the anchor values and coded rows.
@@ -515,20 +531,20 @@ __attribute__((target("avx2,bmi2,f16c"))) bool DecodeBatch(const FusedSection& f
 }
 
 // Heads in power-of-two sub-batches (fewer instantiations).
-template <bool kPairs, DType kOut, bool kNanCheck, int kRope, bool kTransform>
+template <bool kPairs, DType kOut, bool kNanCheck, int kRope, bool kTransform, bool kPlain>
 bool DecodeHeads(const FusedSection& s, const FusedStream* ps, uint32_t head0, uint32_t heads) {
   constexpr uint32_t kPer = kPairs ? 2 : 1;
   while (heads > 0) {
     bool ok;
     uint32_t n;
     if (heads >= 8 && !kPairs) {
-      n = 8, ok = DecodeBatch<BatchKind<8, kPairs, kOut, kNanCheck, kRope, kTransform>>(s, ps, head0);
+      n = 8, ok = DecodeBatch<BatchKind<8, kPairs, kOut, kNanCheck, kRope, kTransform, kPlain>>(s, ps, head0);
     } else if (heads >= 4) {
-      n = 4, ok = DecodeBatch<BatchKind<4, kPairs, kOut, kNanCheck, kRope, kTransform>>(s, ps, head0);
+      n = 4, ok = DecodeBatch<BatchKind<4, kPairs, kOut, kNanCheck, kRope, kTransform, kPlain>>(s, ps, head0);
     } else if (heads >= 2) {
-      n = 2, ok = DecodeBatch<BatchKind<2, kPairs, kOut, kNanCheck, kRope, kTransform>>(s, ps, head0);
+      n = 2, ok = DecodeBatch<BatchKind<2, kPairs, kOut, kNanCheck, kRope, kTransform, kPlain>>(s, ps, head0);
     } else {
-      n = 1, ok = DecodeBatch<BatchKind<1, kPairs, kOut, kNanCheck, kRope, kTransform>>(s, ps, head0);
+      n = 1, ok = DecodeBatch<BatchKind<1, kPairs, kOut, kNanCheck, kRope, kTransform, kPlain>>(s, ps, head0);
     }
     if (!ok) return false;
     heads -= n, head0 += n, ps += n * kPer;
@@ -536,30 +552,37 @@ bool DecodeHeads(const FusedSection& s, const FusedStream* ps, uint32_t head0, u
   return true;
 }
 
-template <bool kPairs, int kRope>
+template <bool kPairs, int kRope, bool kPlain>
 bool DecodeWithRope(const FusedSection& s, const FusedStream* ps, uint32_t head0, uint32_t heads) {
   switch (s.sink->view.dtype()) {
     case DType::kF32:
-      return DecodeHeads<kPairs, DType::kF32, false, kRope, false>(s, ps, head0, heads);
+      return DecodeHeads<kPairs, DType::kF32, false, kRope, false, kPlain>(s, ps, head0, heads);
     case DType::kBF16:  // F32ToBF16's NaN rule is done in registers too
-      return DecodeHeads<kPairs, DType::kBF16, false, kRope, false>(s, ps, head0, heads);
+      return DecodeHeads<kPairs, DType::kBF16, false, kRope, false, kPlain>(s, ps, head0, heads);
     case DType::kF16:
       break;
   }
   if (MayOverflow(s, size_t{head0} * s.layout->head_dim, size_t{heads} * s.layout->head_dim))
-    return DecodeHeads<kPairs, DType::kF16, true, kRope, false>(s, ps, head0, heads);
-  return DecodeHeads<kPairs, DType::kF16, false, kRope, false>(s, ps, head0, heads);
+    return DecodeHeads<kPairs, DType::kF16, true, kRope, false, kPlain>(s, ps, head0, heads);
+  return DecodeHeads<kPairs, DType::kF16, false, kRope, false, kPlain>(s, ps, head0, heads);
 }
 
 template <bool kPairs>
-bool DecodeAs(const FusedSection& s, const FusedStream* ps, uint32_t head0, uint32_t heads) {
+bool DecodeAs(const FusedSection& s, const FusedStream* ps, uint32_t head0, uint32_t heads, bool plain) {
   // With head transforms whole rows are stored through the sink (any dtype,
   // RoPE and strides), as the generic path stores them.
-  if (s.layout->transform) return DecodeHeads<kPairs, DType::kF32, false, kRopeNone, true>(s, ps, head0, heads);
-  if (!s.sink->rope) return DecodeWithRope<kPairs, kRopeNone>(s, ps, head0, heads);
+  if (s.layout->transform)
+    return DecodeHeads<kPairs, DType::kF32, false, kRopeNone, true, false>(s, ps, head0, heads);
+  if (!plain) {
+    // Profile tables or a codebook without a transform: V sections (never
+    // RoPE'd); keys of a profile without key transforms go generic.
+    if (s.sink->rope) return false;
+    return DecodeWithRope<kPairs, kRopeNone, false>(s, ps, head0, heads);
+  }
+  if (!s.sink->rope) return DecodeWithRope<kPairs, kRopeNone, true>(s, ps, head0, heads);
   if (s.sink->rope->rope().kind == RopeConfig::Kind::kNormal)
-    return DecodeWithRope<kPairs, kRopeNormal>(s, ps, head0, heads);
-  return DecodeWithRope<kPairs, kRopeNeox>(s, ps, head0, heads);
+    return DecodeWithRope<kPairs, kRopeNormal, true>(s, ps, head0, heads);
+  return DecodeWithRope<kPairs, kRopeNeox, true>(s, ps, head0, heads);
 }
 
 }  // namespace
@@ -583,7 +606,14 @@ bool DecodeFusedBatch(const FusedSection& s, const FusedStream* streams, uint32_
 #if defined(__x86_64__)
   const uint32_t n = s.use_delta ? 2 * heads : heads;
   if (n == 0 || n > kMaxStreams) return false;
-  const bool ok = s.use_delta ? DecodeAs<true>(s, streams, head0, heads) : DecodeAs<false>(s, streams, head0, heads);
+  // Plain: inline tables in consecutive ParsedStreams (Lookup::plain_base).
+  bool plain = !s.levels;
+  for (uint32_t k = 0; k < n && plain; ++k)
+    plain = !streams[k].dim_offset &&
+            reinterpret_cast<const uint8_t*>(streams[k].table) ==
+                reinterpret_cast<const uint8_t*>(streams[0].table) + k * sizeof(rans::ParsedStream);
+  const bool ok = s.use_delta ? DecodeAs<true>(s, streams, head0, heads, plain)
+                              : DecodeAs<false>(s, streams, head0, heads, plain);
   fused_batches += ok;
   return ok;
 #else
