@@ -26,7 +26,7 @@ std::shared_ptr<const Profile> ProfileWith(std::vector<float> w, std::vector<flo
   auto p = Profile::Train(views, CodecConfig{}, o);
   EXPECT_TRUE(p.ok()) << p.status().ToString();
   if (!p.ok()) return nullptr;
-  auto q = (*p)->WithSensitivity(w, SensitivityCurve{steps, kl});
+  auto q = (*p)->WithSensitivity(w, SensitivityCurve{steps, kl, 0, {}, {}});
   EXPECT_TRUE(q.ok()) << q.status().ToString();
   if (!q.ok()) return nullptr;
   RegisterProfile(*q);
@@ -81,7 +81,9 @@ TEST(KlTarget, LevelsPredictTheirTargets) {
   for (uint32_t l = 0; l < 3; ++l) {
     const double target = 1e-4 * std::pow(kLevelKlRatio, l);
     EXPECT_NEAR(stats->level_predicted_kl[l] / target, 1, 1e-3) << l;
-    if (l > 0) EXPECT_LT(stats->level_bits_per_value[l], stats->level_bits_per_value[l - 1]) << l;
+    if (l > 0) {
+      EXPECT_LT(stats->level_bits_per_value[l], stats->level_bits_per_value[l - 1]) << l;
+    }
   }
   for (const FrameStats& f : stats->frames) EXPECT_GE(f.predicted_kl, 0);
 }

@@ -166,7 +166,7 @@ TEST(Profile, SensitivityCurveRoundTripsAndPredicts) {
   const std::vector<float> kl = {1e-4f, 4e-4f, 9e-4f,  // section 0
                                  1e-5f, 3e-5f, 2e-5f,  // section 1: a dip at step 2
                                  1e-3f, 4e-3f, 1.6e-2f, 1e-4f, 5e-4f, 2e-3f};
-  auto q = p->WithSensitivity(w, SensitivityCurve{steps, kl, 2e-5f});
+  auto q = p->WithSensitivity(w, SensitivityCurve{steps, kl, 2e-5f, {}, {}});
   ASSERT_TRUE(q.ok()) << q.status().ToString();
   EXPECT_EQ((*q)->bytes()[4], 5);
   EXPECT_EQ((*q)->bytes()[6] & 16, 16);
@@ -206,17 +206,17 @@ TEST(Profile, SensitivityCurveRoundTripsAndPredicts) {
 
   // Invalid curves: one step, falling steps, a step of 0, a NaN or negative KL, a wrong count.
   const std::vector<float> one = {1}, falling = {1, 0.5f, 2}, zero = {0, 1, 2};
-  EXPECT_FALSE(p->WithSensitivity(w, SensitivityCurve{one, std::vector<float>(4, 1e-4f)}).ok());
-  EXPECT_FALSE(p->WithSensitivity(w, SensitivityCurve{falling, kl}).ok());
-  EXPECT_FALSE(p->WithSensitivity(w, SensitivityCurve{zero, kl}).ok());
-  EXPECT_FALSE(p->WithSensitivity(w, SensitivityCurve{steps, kl, NAN}).ok());
-  EXPECT_FALSE(p->WithSensitivity(w, SensitivityCurve{{}, {}, 1e-5f}).ok());  // a q8 reference without a curve
+  EXPECT_FALSE(p->WithSensitivity(w, SensitivityCurve{one, std::vector<float>(4, 1e-4f), 0, {}, {}}).ok());
+  EXPECT_FALSE(p->WithSensitivity(w, SensitivityCurve{falling, kl, 0, {}, {}}).ok());
+  EXPECT_FALSE(p->WithSensitivity(w, SensitivityCurve{zero, kl, 0, {}, {}}).ok());
+  EXPECT_FALSE(p->WithSensitivity(w, SensitivityCurve{steps, kl, NAN, {}, {}}).ok());
+  EXPECT_FALSE(p->WithSensitivity(w, SensitivityCurve{{}, {}, 1e-5f, {}, {}}).ok());  // a q8 reference without a curve
   for (float bad : {NAN, -1.0f, INFINITY}) {
     std::vector<float> k = kl;
     k[5] = bad;
-    EXPECT_FALSE(p->WithSensitivity(w, SensitivityCurve{steps, k}).ok()) << bad;
+    EXPECT_FALSE(p->WithSensitivity(w, SensitivityCurve{steps, k, 0, {}, {}}).ok()) << bad;
   }
-  EXPECT_FALSE(p->WithSensitivity(w, SensitivityCurve{steps, std::vector<float>(kl.begin(), kl.end() - 1)}).ok());
+  EXPECT_FALSE(p->WithSensitivity(w, SensitivityCurve{steps, std::vector<float>(kl.begin(), kl.end() - 1), 0, {}, {}}).ok());
   // Hostile bytes: resealed falling steps, a curve flag without sensitivities, and the rest.
   std::vector<uint8_t> v = (*q)->bytes();
   const size_t first_step = v.size() - 8 - 1 - 4 - 4 * kl.size() - 4 * steps.size();

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cachegen/codec.h"
+#include "cachegen/status.h"
 #include "codec/cachegen/profile_decode_tables.h"
 #include "codec/rans.h"
 
@@ -135,5 +136,17 @@ struct ProfileData {
     return q >= 0 && q < grid_points ? static_cast<int>(q) : -1;
   }
 };
+
+// Sensitivities are finite and within these bounds (KL per squared step).
+constexpr float kMinSensitivity = 1e-30f, kMaxSensitivity = 1e30f;
+// Whether a sensitivity curve (steps, and KL per section x step) and a joint
+// calibration are valid (profile_format.cc: what parsing accepts).
+bool ValidCurve(std::span<const float> steps, std::span<const float> kl, uint32_t sections);
+bool ValidJoint(std::span<const float> predicted, std::span<const float> measured);
+
+// The .cgprof bytes of a profile (profile_format.cc), and a profile from
+// untrusted bytes (every field validated, the checksum checked).
+std::vector<uint8_t> SerializeProfile(const ProfileData& d);
+Result<ProfileData> ParseProfile(std::span<const uint8_t> bytes);
 
 }  // namespace cachegen::internal
