@@ -602,22 +602,18 @@ thread_local uint64_t fused_batches = 0;
 
 uint64_t FusedBatchesOnThisThread() { return fused_batches; }
 
-bool DecodeFusedBatch(const FusedSection& s, const FusedStream* streams, uint32_t head0, uint32_t heads) {
+bool DecodeFusedBatch(const FusedSection& s, const FusedStream* streams, uint32_t head0, uint32_t heads,
+                      bool inline_tables) {
 #if defined(__x86_64__)
   const uint32_t n = s.use_delta ? 2 * heads : heads;
   if (n == 0 || n > kMaxStreams) return false;
-  // Plain: inline tables in consecutive ParsedStreams (Lookup::plain_base).
-  bool plain = !s.levels;
-  for (uint32_t k = 0; k < n && plain; ++k)
-    plain = !streams[k].dim_offset &&
-            reinterpret_cast<const uint8_t*>(streams[k].table) ==
-                reinterpret_cast<const uint8_t*>(streams[0].table) + k * sizeof(rans::ParsedStream);
+  const bool plain = inline_tables && !s.levels;
   const bool ok = s.use_delta ? DecodeAs<true>(s, streams, head0, heads, plain)
                               : DecodeAs<false>(s, streams, head0, heads, plain);
   fused_batches += ok;
   return ok;
 #else
-  (void)s, (void)streams, (void)head0, (void)heads;
+  (void)s, (void)streams, (void)head0, (void)heads, (void)inline_tables;
   return false;
 #endif
 }

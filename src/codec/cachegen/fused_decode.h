@@ -58,11 +58,15 @@ bool FusedAvailable();
 
 // Decodes heads [head0, head0 + heads) whose streams are `streams` (per head
 // its anchor stream, then with deltas its delta stream) into the sink.
+// inline_tables: every stream's table is the `table` of consecutive
+// rans::ParsedStreams (streams[k].table == streams[0].table + k ParsedStreams),
+// which the plain form looks up at constant offsets.
 // True when every row was written and every stream ended cleanly. False
 // leaves the batch to the generic decoder, which the caller reruns on the
 // same bytes (and which reports what was wrong); rows may be partly written
 // then.
-bool DecodeFusedBatch(const FusedSection& s, const FusedStream* streams, uint32_t head0, uint32_t heads);
+bool DecodeFusedBatch(const FusedSection& s, const FusedStream* streams, uint32_t head0, uint32_t heads,
+                      bool inline_tables);
 
 // Batches this thread decoded on the fused path (true returns of
 // DecodeFusedBatch): lets tests check which path they exercised.

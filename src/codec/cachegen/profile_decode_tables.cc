@@ -19,12 +19,12 @@ std::shared_ptr<const SectionDecodeTables> Build(const ProfileData& p, uint32_t 
       rans::BuildDecodeTable(f, &t->symbols[size_t{u} * 2 + kind]);
       rans::BuildValueTable(f, t->values.data() + (size_t{u} * 2 + kind) * rans::kProbScale);
     }
-  t->channel_table.resize(size_t{2} * C);
+  t->channel_offset.resize(size_t{2} * C);
   t->channel_escape.resize(size_t{2} * C);
   for (uint32_t kind = 0; kind < 2; ++kind)
     for (uint32_t c = 0; c < C; ++c) {
       const uint32_t unit = p.HasClasses(section) ? p.class_of[section][size_t{kind} * C + c] : c / p.head_dim;
-      t->channel_table[size_t{kind} * C + c] = unit * 2 + kind;
+      t->channel_offset[size_t{kind} * C + c] = static_cast<int32_t>((size_t{unit} * 2 + kind) * rans::kProbScale);
       t->channel_escape[size_t{kind} * C + c] = p.Table(section, grid, unit, kind).escape;
     }
   return t;

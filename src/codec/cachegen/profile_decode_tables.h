@@ -28,16 +28,16 @@ struct SectionDecodeTables {
   std::vector<rans::DecodeTable> symbols;
   // Form TableForm::kZigZagValues, kProbScale entries per table (the fused decoder).
   std::vector<uint32_t> values;
-  // Per [kind][channel]: the index of its table (unit * 2 + kind) and that
-  // table's escape symbol.
-  std::vector<uint32_t> channel_table, channel_escape;
+  // Per [kind][channel]: where its table starts in `values` (entries; its
+  // table in `symbols` is that / kProbScale) and that table's escape symbol.
+  std::vector<int32_t> channel_offset;
+  std::vector<uint32_t> channel_escape;
 
   size_t bytes() const {
-    return symbols.size() * sizeof(rans::DecodeTable) + values.size() * 4 + channel_table.size() * 8;
+    return symbols.size() * sizeof(rans::DecodeTable) + values.size() * 4 + channel_offset.size() * 8;
   }
-
   const rans::DecodeTable* Symbols(uint32_t kind, uint32_t channel) const {
-    return &symbols[channel_table[size_t{kind} * channels + channel]];
+    return &symbols[size_t(channel_offset[size_t{kind} * channels + channel]) / rans::kProbScale];
   }
   const uint32_t* Values(uint32_t unit, uint32_t kind) const {
     return values.data() + (size_t{unit} * 2 + kind) * rans::kProbScale;

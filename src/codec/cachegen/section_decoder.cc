@@ -92,22 +92,14 @@ __attribute__((target("avx2,f16c"))) void DequantF16Avx2(const uint32_t* sym, co
 
 using DequantFn = void (*)(const uint32_t*, const float*, const float*, float*, uint32_t);
 
-// A decoded codebook's levels: table (group, kind) at levels + (group * kinds + kind) * (top + 1).
-struct LevelTables {
-  const float* levels = nullptr;
-  uint32_t top = 0;  // 2M: symbols u <= top have a level
-  uint32_t kinds = 1, group_channels = 1;
-};
-
-// Dequantization with a codebook for channels c0.. of stream kind `kind`:
-// symbols u <= top take their group's level y[u], larger ones
-// q = UnZigZag(u) as in DequantScalar; out[d] = pred[d] + level * st[d].
-void DequantLevels(const LevelTables& lt, uint32_t kind, uint32_t c0, const uint32_t* sym, const float* pred,
+// Dequantization with a codebook for channels c0.. of one stream kind: a
+// symbol u <= top takes its channel's level levels[offset[c] + u], a larger
+// one q = UnZigZag(u) as in DequantScalar; out[d] = pred[d] + level * st[d].
+void DequantLevels(const float* levels, const int32_t* offset, uint32_t top, const uint32_t* sym, const float* pred,
                    const float* st, float* out, uint32_t n) {
   for (uint32_t d = 0; d < n; ++d) {
-    const float* y = lt.levels + (size_t{(c0 + d) / lt.group_channels} * lt.kinds + kind) * (lt.top + 1);
     const uint32_t u = sym[d];
-    const float v = u <= lt.top ? y[u] : static_cast<float>(UnZigZag(u));
+    const float v = u <= top ? levels[offset[d] + u] : static_cast<float>(UnZigZag(u));
     out[d] = pred[d] + v * st[d];
   }
 }
@@ -144,9 +136,8 @@ struct DecodeScratch {
   std::vector<rans::ParsedStream> streams;
   std::vector<uint32_t> symbols;
   std::vector<float> sigma, mean, st, st_recent, anchor, row, transformed, levels;
-  std::vector<int32_t> level_offset;             // [kind][channel] (FusedSection)
+  std::vector<int32_t> level_offset;             // [kind][channel]: where a channel's codebook levels start
   std::vector<const rans::DecodeTable*> cycles;  // a batch's streams' table cycles, D entries each
-  std::vector<int32_t> dim_offsets;              // a batch's streams' value-table offsets, D each
   std::vector<rans::TableStream> table_streams;
   std::vector<internal::FusedStream> fused;
 };
@@ -298,9 +289,12 @@ Status DecodeBatchSymbols(const BatchStreams& b) {
 }
 
 // The fused schedule's view of a parsed batch; false when some stream is not
-// an 8-lane rANS stream (empty and constant streams, one lane).
-bool FusedStreams(const BatchStreams& b, const SectionLayout& l, const SectionTables& tables, DecodeScratch& sc) {
+// an 8-lane rANS stream (empty and constant streams, one lane). *plain: every
+// stream has its inline table (they are the consecutive sc.streams).
+bool FusedStreams(const BatchStreams& b, const SectionLayout& l, const SectionTables& tables, DecodeScratch& sc,
+                  bool* plain) {
   const uint32_t D = l.head_dim, C = l.channels();
+  *plain = true;
   for (uint32_t k = 0; k < b.count; ++k) {
     internal::FusedStream& f = sc.fused[k];
     if (!b.table_form[k]) {
@@ -309,15 +303,14 @@ bool FusedStreams(const BatchStreams& b, const SectionLayout& l, const SectionTa
       f = {p.table, nullptr, p.escape, nullptr, p.state, p.esc, p.payload};
       continue;
     }
+    *plain = false;
     const rans::TableStream& t = *b.table_stream[k];
     if (t.mode != rans::kModeTable || t.lanes != 8) return false;
     const internal::SectionDecodeTables& pt = *tables.profile;
     const size_t c0 = size_t{b.kind[k]} * C + size_t{b.head[k]} * D;
     f = {pt.values.data(), nullptr, 0, nullptr, t.state, t.esc, t.payload};
     if (tables.classes) {
-      int32_t* off = sc.dim_offsets.data() + size_t{k} * D;
-      for (uint32_t d = 0; d < D; ++d) off[d] = static_cast<int32_t>(pt.channel_table[c0 + d] * rans::kProbScale);
-      f.dim_offset = off;
+      f.dim_offset = pt.channel_offset.data() + c0;
       f.dim_escape = pt.channel_escape.data() + c0;
     } else {
       f.table = pt.Values(b.head[k], b.kind[k]);
@@ -347,10 +340,11 @@ Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> pa
     tables.profile = held.get();
     tables.classes = prof->HasClasses(l.section);
   }
-  // Reconstruction levels per (channel group, stream kind), when the section has a codebook.
+  // Reconstruction levels per (channel group, stream kind), when the section
+  // has a codebook, and per [kind][channel] where its channel's levels start.
   Codebook cb;
   float* levels = nullptr;
-  LevelTables lt;
+  uint32_t level_top = 0;  // 2M: symbols u <= level_top have a level
   int32_t* level_offset = nullptr;
   if (hdr.flags & kSectionCodebook) {
     CG_RETURN_IF_ERROR(ReadCodebook(r, C, use_delta, &cb));
@@ -358,7 +352,7 @@ Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> pa
     levels = GrowScratch(sc.levels, size_t{cb.groups(C)} * cb.kinds * per);
     for (uint32_t g = 0; g < cb.groups(C); ++g)
       for (uint32_t k = 0; k < cb.kinds; ++k) cb.Levels(g, k, levels + (size_t{g} * cb.kinds + k) * per);
-    lt = {levels, 2 * cb.levels, cb.kinds, cb.group_channels};
+    level_top = 2 * cb.levels;
     level_offset = GrowScratch(sc.level_offset, size_t{2} * C);
     for (uint32_t k = 0; k < 2; ++k)
       for (uint32_t c = 0; c < C; ++c)
@@ -382,7 +376,6 @@ Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> pa
   GrowScratch(sc.table_streams, kBatchStreams);
   GrowScratch(sc.fused, kBatchStreams);
   GrowScratch(sc.cycles, size_t{kBatchStreams} * D);
-  GrowScratch(sc.dim_offsets, size_t{kBatchStreams} * D);
   uint32_t* symbols = GrowScratch(sc.symbols, size_t{batch} * (na + nd));
   float* anchor = GrowScratch(sc.anchor, D);
   float* row = GrowScratch(sc.row, D);
@@ -397,7 +390,7 @@ Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> pa
   // The fused schedule where it takes what the section asks for (and every
   // stream of a batch is 8-lane rANS: FusedStreams); else the generic one.
   const bool fused = internal::FusedAvailable() && Takes(kFusedSchedule, SectionFeatures(l, hdr, sink));
-  const internal::FusedSection fs{&l, &sink, use_delta, mean, st, st_recent, levels, level_offset, lt.top};
+  const internal::FusedSection fs{&l, &sink, use_delta, mean, st, st_recent, levels, level_offset, level_top};
 
   for (uint32_t h0 = 0; h0 < H; h0 += batch) {
     const uint32_t hn = std::min(batch, H - h0);
@@ -416,7 +409,9 @@ Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> pa
     const ByteReader batch_start = r;
     if (fused) {
       CG_RETURN_IF_ERROR(parse(rans::TableForm::kZigZagValues));
-      if (FusedStreams(b, l, tables, sc) && internal::DecodeFusedBatch(fs, sc.fused.data(), h0, hn)) continue;
+      bool plain = false;
+      if (FusedStreams(b, l, tables, sc, &plain) && internal::DecodeFusedBatch(fs, sc.fused.data(), h0, hn, plain))
+        continue;
       // Not for the fused schedule after all (or corrupt): the generic one
       // decodes the same bytes again and has the last word.
       r = batch_start;
@@ -455,13 +450,13 @@ Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> pa
           float* rec = t == g0 ? anchor : row;
           if (t == g0) {
             if (levels)
-              DequantLevels(lt, 0, uint32_t(c0), asym, mean + c0, stt, anchor, D);
+              DequantLevels(levels, level_offset + c0, level_top, asym, mean + c0, stt, anchor, D);
             else
               dequant(asym, mean + c0, stt, anchor, D);
             asym += D;
           } else {
             if (levels)
-              DequantLevels(lt, 1, uint32_t(c0), dsym, anchor, stt, row, D);
+              DequantLevels(levels, level_offset + C + c0, level_top, dsym, anchor, stt, row, D);
             else
               dequant(dsym, anchor, stt, row, D);
             dsym += D;
