@@ -30,14 +30,14 @@ void BM_DecodeWithProfile(benchmark::State& state) {
   options.key_transform = transforms;
   auto profile = Profile::Train(views, CodecConfig{}, options);
   if (!profile.ok()) return state.SkipWithError(profile.status().ToString().c_str());
-  RegisterProfile(*profile);
+  const ProfileSet profiles(*profile);
   CodecConfig cfg;
   cfg.bits_per_value = 2;
   cfg.profile = *profile;
   const KVTensor context = kv.Slice(0, shape.tokens);
   auto bytes = Encoder::Create(cfg)->Encode(context.view());
   if (!bytes.ok()) return state.SkipWithError(bytes.status().ToString().c_str());
-  auto decoder = Decoder::Open(*bytes);
+  auto decoder = Decoder::Open(*bytes, &profiles);
   if (!decoder.ok()) return state.SkipWithError(decoder.status().ToString().c_str());
   KVTensor out(shape, DType::kF16);
   for (auto _ : state) {

@@ -9,9 +9,11 @@
  * crosses this boundary: running out of memory is CG_INTERNAL ("out of
  * memory").
  *
- * Containers whose frames reference a model profile (.cgprof) decode once
- * that profile is loaded in the process (cg_load_profile, or the C++ API);
- * otherwise cg_decode answers CG_NOT_FOUND ("frame needs model profile ...").
+ * A model profile (.cgprof) is loaded into a cg_profile object
+ * (cg_profile_load) and passed explicitly: to cg_encode in cfg->profile, and
+ * to cg_decode_using_profile for containers whose frames reference it (as
+ * zstd passes a dictionary). Nothing is registered process-wide: cg_decode
+ * of such a container answers CG_NOT_FOUND ("frame needs model profile ...").
  */
 #ifndef CACHEGEN_CACHEGEN_H_
 #define CACHEGEN_CACHEGEN_H_
@@ -37,6 +39,9 @@ enum cg_status {
 /* Same values as cachegen::DType. */
 enum cg_dtype { CG_F32 = 0, CG_F16 = 1, CG_BF16 = 2 };
 
+/* A loaded, validated model profile; immutable, usable from any thread. */
+typedef struct cg_profile cg_profile;
+
 typedef struct cg_config {
   const char* codec;      /* NULL = "cachegen" */
   double bits_per_value;  /* at most one of these three > 0; all 0 = 2 bits/value */
@@ -46,11 +51,12 @@ typedef struct cg_config {
   uint32_t chunk_tokens;  /* 0 = the whole context as one chunk */
   uint32_t threads;       /* 0 = hardware concurrency; at most 256 are used */
   uint32_t token_start;   /* absolute position of the first token */
-  /* A model profile loaded with cg_load_profile (0 = none): frames reference
-   * it instead of carrying statistics and tables; its quantizer is used. */
-  uint64_t profile_id;
+  /* A model profile (NULL = none; not owned, must stay loaded during the
+   * call): frames reference it instead of carrying statistics and tables;
+   * its quantizer is used. */
+  const cg_profile* profile;
   /* Rate target: the predicted mean next-token KL of the restored context,
-   * from the profile's measured sensitivities (needs profile_id; exclusive
+   * from the profile's measured sensitivities (needs profile; exclusive
    * with the three targets above; levels below the first: sqrt(10) times
    * the previous level's KL). */
   double max_kl;
@@ -93,10 +99,20 @@ int cg_inspect(const uint8_t* container, size_t len, cg_info* info, char* err, s
 int cg_decode(const uint8_t* container, size_t len, uint32_t level, int dtype, void* out, size_t out_len,
               uint32_t threads, char* err, size_t err_len);
 
-/* Parses a .cgprof (untrusted bytes: every field is checked) and loads it
- * for cg_encode (cfg->profile_id) and cg_decode; *id receives its id.
- * Loading the same profile again is harmless. */
-int cg_load_profile(const uint8_t* bytes, size_t len, uint64_t* id, char* err, size_t err_len);
+/* cg_decode for containers coded with a model profile: `profile` must be
+ * the one their frames reference (else CG_NOT_FOUND); NULL = cg_decode. */
+int cg_decode_using_profile(const uint8_t* container, size_t len, const cg_profile* profile, uint32_t level,
+                            int dtype, void* out, size_t out_len, uint32_t threads, char* err, size_t err_len);
+
+/* Parses a .cgprof (untrusted bytes: every field is checked; they are
+ * copied) into a new profile *out, released with cg_profile_free. On failure
+ * *out is NULL. */
+int cg_profile_load(const uint8_t* bytes, size_t len, cg_profile** out, char* err, size_t err_len);
+/* The profile's 64-bit id (what its frames reference; `cachegen profile
+ * inspect` prints it). */
+uint64_t cg_profile_id(const cg_profile* profile);
+/* Releases a profile. NULL is ignored. */
+void cg_profile_free(cg_profile* profile);
 
 /* Releases a buffer returned by cg_encode. NULL is ignored. */
 void cg_free(void* p);

@@ -44,7 +44,8 @@ struct RopeConfig {
   double freq_scale = 1.0;     // stored as f32
 };
 
-class Profile;  // cachegen/profile.h
+class Profile;     // cachegen/profile.h
+class ProfileSet;  // cachegen/profile.h
 
 // The `cachegen` codec's rate when no target is set (bits per value).
 inline constexpr double kDefaultBitsPerValue = 2.0;
@@ -91,8 +92,8 @@ struct CodecConfig {
   RopeConfig rope;
   // A model profile (cachegen/profile.h): frames reference it by id instead of
   // carrying channel statistics and frequency tables. Its rope and rotate
-  // settings must equal this config's. Decoding needs it registered
-  // (RegisterProfile).
+  // settings must equal this config's. Decoding needs it given to the
+  // decoder (a ProfileSet holding it).
   std::shared_ptr<const Profile> profile;
   // Scalar quantizer of the `cachegen` codec. kUniform: levels at multiples
   // of the step, nearest level. kLloyd: per section a learned codebook moves
@@ -189,10 +190,14 @@ struct FrameInfo {
 // Validates a frame's header and returns its facts (payload checksums are
 // verified on decode).
 Result<FrameInfo> InspectFrame(std::span<const uint8_t> frame);
-// Decodes a whole frame into `out` (shape must equal the frame's shape; any dtype).
-Status DecodeFrame(std::span<const uint8_t> frame, const KVView& out, uint32_t threads = 1);
+// Decodes a whole frame into `out` (shape must equal the frame's shape; any
+// dtype). A frame coded with a model profile needs it in `profiles` (null: no
+// profiles; such a frame then fails with kNotFound).
+Status DecodeFrame(std::span<const uint8_t> frame, const KVView& out, uint32_t threads = 1,
+                   const ProfileSet* profiles = nullptr);
 // Decodes one layer of a frame: writes only that layer of `out`.
-Status DecodeFrameLayer(std::span<const uint8_t> frame, uint32_t layer, const KVView& out);
+Status DecodeFrameLayer(std::span<const uint8_t> frame, uint32_t layer, const KVView& out,
+                        const ProfileSet* profiles = nullptr);
 
 struct ChunkEntry {
   uint32_t token_start = 0;
@@ -216,8 +221,9 @@ struct ContainerInfo {
 class Decoder {
  public:
   // Validates the container header and chunk index. The bytes are not copied:
-  // they must outlive the Decoder.
-  static Result<Decoder> Open(std::span<const uint8_t> container);
+  // they must outlive the Decoder, and so must `profiles`: the model profiles
+  // its frames may reference (null: none; DecodeFrame).
+  static Result<Decoder> Open(std::span<const uint8_t> container, const ProfileSet* profiles = nullptr);
   const ContainerInfo& info() const { return info_; }
 
   // Decodes every chunk at `level` into `out` (shape = info().shape).
@@ -229,6 +235,7 @@ class Decoder {
  private:
   Decoder() = default;
   std::span<const uint8_t> bytes_;
+  const ProfileSet* profiles_ = nullptr;
   ContainerInfo info_;
 };
 

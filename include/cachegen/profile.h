@@ -6,13 +6,16 @@
 // model's sensitivity per section (encoder guidance only).
 // Frames encoded with a profile reference it by its 64-bit id and carry
 // neither (docs/FORMAT.md, ".cgprof" and "Profile reference"); decoding them
-// needs the same profile registered in the process.
+// needs the same profile, given to the decoder in a ProfileSet (as zstd is
+// given a dictionary): nothing is registered process-wide.
 //
-// Thread safety: a Profile is immutable; the registry is thread-safe.
+// Thread safety: a Profile is immutable; a ProfileSet is thread-safe.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <vector>
@@ -119,8 +122,28 @@ class Profile {
   std::shared_ptr<const internal::ProfileData> data_;
 };
 
-// The profiles decoders can use, by id. Registering the same id again is a no-op.
-void RegisterProfile(std::shared_ptr<const Profile> profile);
-std::shared_ptr<const Profile> FindProfile(uint64_t id);
+// The model profiles a decode may use, found by the id a frame references.
+// Passed explicitly to every decode (DecodeFrame, Decoder::Open,
+// StreamOptions::profiles); a frame whose profile is not in the set, or
+// given no set, fails with kNotFound naming the profile's id. A set may hold
+// profiles of several models (a store shared by them); a server that learns
+// a profile while it runs adds it to the set its decodes use.
+class ProfileSet {
+ public:
+  ProfileSet() = default;
+  explicit ProfileSet(std::shared_ptr<const Profile> profile) { Add(std::move(profile)); }
+  ProfileSet(const ProfileSet&) = delete;
+  ProfileSet& operator=(const ProfileSet&) = delete;
+
+  // Adds `profile` (null is ignored; the same id again is a no-op).
+  void Add(std::shared_ptr<const Profile> profile);
+  // The profile with this id, or null.
+  std::shared_ptr<const Profile> Find(uint64_t id) const;
+  size_t size() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<uint64_t, std::shared_ptr<const Profile>> by_id_;
+};
 
 }  // namespace cachegen

@@ -93,9 +93,9 @@ Result<PutStats> PutContext(ChunkStore& store, const ChunkKey& root, std::span<c
 // Stores the frames of an encoded container (chunk i, level l → frame) under
 // the chain of `tokens`; the container's chunking must match the token count.
 // Every frame of the chunks to store is decoded once before any is stored: a
-// frame that does not decode here (damaged, or coded with a model profile that
-// is not loaded) fails the put with the decoder's error, and nothing is stored.
+// frame that does not decode here (damaged, or coded with a model profile not
+// in `profiles`) fails the put with the decoder's error, and nothing is stored.
 Result<PutStats> PutContainer(ChunkStore& store, const ChunkKey& root, std::span<const TokenId> tokens,
-                              std::span<const uint8_t> container);
+                              std::span<const uint8_t> container, const ProfileSet* profiles = nullptr);
 
 }  // namespace cachegen

@@ -61,6 +61,8 @@ struct StreamOptions {
   uint32_t levels = kMaxChunkLevels;   // levels to look up per chunk
   uint32_t decode_threads = 1;
   DType dtype = DType::kF16;           // dtype of the delivered tensors
+  // The model profiles chunk frames may reference (DecodeFrame); null: none.
+  std::shared_ptr<const ProfileSet> profiles;
   // Once *cancel is true the fetch ends within a tick (2 ms), or when the
   // running decode or a store read that cannot be abandoned ends: chunks not
   // handed over come back in `recompute`, with one "cancelled" line in

@@ -47,6 +47,14 @@ int Guarded(char* err, size_t err_len, Body&& body) {
 
 }  // namespace
 
+// The C handle of a profile: the shared, immutable C++ object (and a set of
+// it, what a decoder is given).
+struct cg_profile {
+  std::shared_ptr<const cachegen::Profile> profile;
+  cachegen::ProfileSet set;
+  explicit cg_profile(std::shared_ptr<const cachegen::Profile> p) : profile(p), set(std::move(p)) {}
+};
+
 extern "C" {
 
 const char* cg_version(void) { return CACHEGEN_VERSION; }
@@ -62,20 +70,24 @@ void cg_config_default(cg_config* cfg) {
   cfg->chunk_tokens = d.chunk_tokens;
   cfg->threads = d.threads;
   cfg->token_start = 0;
-  cfg->profile_id = 0;
+  cfg->profile = nullptr;
   cfg->max_kl = d.max_kl;
 }
 
-int cg_load_profile(const uint8_t* bytes, size_t len, uint64_t* id, char* err, size_t err_len) {
-  if (!bytes || !id) return Fail(Status::InvalidArgument("null argument"), err, err_len);
+int cg_profile_load(const uint8_t* bytes, size_t len, cg_profile** out, char* err, size_t err_len) {
+  if (out) *out = nullptr;
+  if (!bytes || !out) return Fail(Status::InvalidArgument("null argument"), err, err_len);
   return Guarded(err, err_len, [&] {
     auto p = cachegen::Profile::Parse({bytes, len});
     if (!p.ok()) return Fail(p.status(), err, err_len);
-    cachegen::RegisterProfile(*p);
-    *id = (*p)->id();
+    *out = new cg_profile(std::move(*p));
     return Ok(err, err_len);
   });
 }
+
+uint64_t cg_profile_id(const cg_profile* profile) { return profile ? profile->profile->id() : 0; }
+
+void cg_profile_free(cg_profile* profile) { delete profile; }
 
 int cg_encode(const void* data, int dtype, uint32_t layers, uint32_t kv_heads, uint32_t head_dim,
               uint32_t tokens, const cg_config* cfg, uint8_t** out, size_t* out_len, char* err,
@@ -96,9 +108,8 @@ int cg_encode(const void* data, int dtype, uint32_t layers, uint32_t kv_heads, u
   config.chunk_tokens = c.chunk_tokens;
   config.threads = c.threads;
   config.max_kl = c.max_kl;
-  if (c.profile_id != 0) {
-    config.profile = cachegen::FindProfile(c.profile_id);
-    if (!config.profile) return Fail(Status::NotFound("profile_id names no profile loaded with cg_load_profile"), err, err_len);
+  if (c.profile) {
+    config.profile = c.profile->profile;
     config.quantizer = config.profile->quantizer().value_or(config.quantizer);
   }
   return Guarded(err, err_len, [&] {
@@ -143,10 +154,15 @@ int cg_inspect(const uint8_t* container, size_t len, cg_info* info, char* err, s
 
 int cg_decode(const uint8_t* container, size_t len, uint32_t level, int dtype, void* out, size_t out_len,
               uint32_t threads, char* err, size_t err_len) {
+  return cg_decode_using_profile(container, len, nullptr, level, dtype, out, out_len, threads, err, err_len);
+}
+
+int cg_decode_using_profile(const uint8_t* container, size_t len, const cg_profile* profile, uint32_t level,
+                            int dtype, void* out, size_t out_len, uint32_t threads, char* err, size_t err_len) {
   if (!container || !out) return Fail(Status::InvalidArgument("null argument"), err, err_len);
   if (!ValidDType(dtype)) return Fail(Status::InvalidArgument("unknown dtype"), err, err_len);
   return Guarded(err, err_len, [&] {
-    auto dec = cachegen::Decoder::Open({container, len});
+    auto dec = cachegen::Decoder::Open({container, len}, profile ? &profile->set : nullptr);
     if (!dec.ok()) return Fail(dec.status(), err, err_len);
     const cachegen::KVShape& shape = dec->info().shape;
     const uint64_t need = shape.values() * cachegen::DTypeSize(static_cast<DType>(dtype));

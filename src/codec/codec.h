@@ -78,6 +78,8 @@ struct SectionContext {
   uint32_t token_start = 0;
   uint32_t context_tokens = 0;
   std::span<const uint8_t> params;  // the frame's codec params, untrusted
+  // The model profiles the frame may reference (null: none); not owned.
+  const ProfileSet* profiles = nullptr;
 };
 
 class Codec {

@@ -15,7 +15,8 @@ namespace {
 
 // Decodes section (layer, kv) of a parsed frame into `out` (frame's shape).
 Status DecodeSectionInto(const Codec& codec, const ParsedFrame& p, std::span<const uint8_t> frame,
-                         uint32_t layer, KV kv, const KVView& out, std::vector<float>& scratch) {
+                         const ProfileSet* profiles, uint32_t layer, KV kv, const KVView& out,
+                         std::vector<float>& scratch) {
   CG_ASSIGN_OR_RETURN(std::span<const uint8_t> payload, SectionPayload(p, frame, layer, kv));
   const FrameHeader& h = p.header;
   SectionContext ctx;
@@ -26,10 +27,12 @@ Status DecodeSectionInto(const Codec& codec, const ParsedFrame& p, std::span<con
   ctx.token_start = h.token_start;
   ctx.context_tokens = h.context_tokens;
   ctx.params = h.params;
+  ctx.profiles = profiles;
   return codec.DecodeSectionToView(ctx, payload, out, scratch);
 }
 
-Status DecodeParsed(const ParsedFrame& p, std::span<const uint8_t> frame, const KVView& out, uint32_t threads) {
+Status DecodeParsed(const ParsedFrame& p, std::span<const uint8_t> frame, const ProfileSet* profiles,
+                    const KVView& out, uint32_t threads) {
   if (!(out.shape() == p.header.shape))
     return Status::InvalidArgument("output shape " + out.shape().ToString() + " does not match frame shape " +
                                    p.header.shape.ToString());
@@ -38,13 +41,13 @@ Status DecodeParsed(const ParsedFrame& p, std::span<const uint8_t> frame, const 
   if (threads <= 1) {
     std::vector<float> scratch;
     for (uint64_t i = 0; i < sections; ++i)
-      CG_RETURN_IF_ERROR(DecodeSectionInto(*codec, p, frame, static_cast<uint32_t>(i / 2),
+      CG_RETURN_IF_ERROR(DecodeSectionInto(*codec, p, frame, profiles, static_cast<uint32_t>(i / 2),
                                            static_cast<KV>(i % 2), out, scratch));
     return Status::Ok();
   }
   return ParallelFor(sections, threads, [&](uint64_t i) {
     std::vector<float> scratch;
-    return DecodeSectionInto(*codec, p, frame, static_cast<uint32_t>(i / 2), static_cast<KV>(i % 2), out, scratch);
+    return DecodeSectionInto(*codec, p, frame, profiles, static_cast<uint32_t>(i / 2), static_cast<KV>(i % 2), out, scratch);
   });
 }
 
@@ -80,12 +83,14 @@ Result<FrameInfo> InspectFrame(std::span<const uint8_t> frame) {
   return info;
 }
 
-Status DecodeFrame(std::span<const uint8_t> frame, const KVView& out, uint32_t threads) {
+Status DecodeFrame(std::span<const uint8_t> frame, const KVView& out, uint32_t threads,
+                   const ProfileSet* profiles) {
   CG_ASSIGN_OR_RETURN(ParsedFrame p, ParseFrame(frame));
-  return DecodeParsed(p, frame, out, ResolveThreads(threads));
+  return DecodeParsed(p, frame, profiles, out, ResolveThreads(threads));
 }
 
-Status DecodeFrameLayer(std::span<const uint8_t> frame, uint32_t layer, const KVView& out) {
+Status DecodeFrameLayer(std::span<const uint8_t> frame, uint32_t layer, const KVView& out,
+                        const ProfileSet* profiles) {
   CG_ASSIGN_OR_RETURN(ParsedFrame p, ParseFrame(frame));
   if (!(out.shape() == p.header.shape))
     return Status::InvalidArgument("output shape " + out.shape().ToString() + " does not match frame shape " +
@@ -95,14 +100,15 @@ Status DecodeFrameLayer(std::span<const uint8_t> frame, uint32_t layer, const KV
                                    std::to_string(p.header.shape.layers) + ")");
   CG_ASSIGN_OR_RETURN(const Codec* codec, FrameCodec(static_cast<uint8_t>(p.header.codec), p.header.params));
   std::vector<float> scratch;
-  CG_RETURN_IF_ERROR(DecodeSectionInto(*codec, p, frame, layer, KV::kKey, out, scratch));
-  return DecodeSectionInto(*codec, p, frame, layer, KV::kValue, out, scratch);
+  CG_RETURN_IF_ERROR(DecodeSectionInto(*codec, p, frame, profiles, layer, KV::kKey, out, scratch));
+  return DecodeSectionInto(*codec, p, frame, profiles, layer, KV::kValue, out, scratch);
 }
 
-Result<Decoder> Decoder::Open(std::span<const uint8_t> container) {
+Result<Decoder> Decoder::Open(std::span<const uint8_t> container, const ProfileSet* profiles) {
   CG_ASSIGN_OR_RETURN(ContainerInfo info, ParseContainer(container));
   Decoder d;
   d.bytes_ = container;
+  d.profiles_ = profiles;
   d.info_ = std::move(info);
   return d;
 }
@@ -132,7 +138,7 @@ Status Decoder::Decode(const KVView& out, uint32_t level, uint32_t threads) cons
     CG_ASSIGN_OR_RETURN(std::span<const uint8_t> frame, Frame(static_cast<uint32_t>(c), level));
     CG_ASSIGN_OR_RETURN(ParsedFrame p, ParseFrame(frame));
     CG_RETURN_IF_ERROR(CheckFrameAgainstIndex(info_, static_cast<uint32_t>(c), level, p.header));
-    return DecodeParsed(p, frame, out.Tokens(e.token_start - info_.token_start, e.tokens), inner);
+    return DecodeParsed(p, frame, profiles_, out.Tokens(e.token_start - info_.token_start, e.tokens), inner);
   });
 }
 

@@ -126,7 +126,8 @@ Result<std::vector<uint8_t>> CompressSlotFile(std::span<const uint8_t> slot_file
   return out;
 }
 
-Result<std::vector<uint8_t>> RestoreSlotFile(std::span<const uint8_t> cgslot, uint32_t level, uint32_t threads) {
+Result<std::vector<uint8_t>> RestoreSlotFile(std::span<const uint8_t> cgslot, uint32_t level, uint32_t threads,
+                                             const ProfileSet* profiles) {
   ByteReader r(cgslot);
   const uint32_t magic = r.U32(), version = r.U32(), n = r.U32();
   if (!r.ok() || magic != kCgSlotMagic) return Status::Corrupt("not a .cgslot file (magic)");
@@ -144,7 +145,7 @@ Result<std::vector<uint8_t>> RestoreSlotFile(std::span<const uint8_t> cgslot, ui
   const uint64_t sum = tail.U64();
   // The checksum covers the header and layout; the container checks its own bytes.
   if (sum != Checksum64(cgslot.first(container_at))) return Status::Corrupt("cgslot: header checksum mismatch");
-  Result<Decoder> dec = Decoder::Open(container);
+  Result<Decoder> dec = Decoder::Open(container, profiles);
   if (!dec.ok()) return dec.status();
   if (dec->info().shape.tokens != layout->pos.size())
     return Status::Corrupt("cgslot: container tokens differ from the cell count");

@@ -41,8 +41,9 @@ std::vector<uint8_t> WriteLlamaSlotFile(std::span<const int32_t> tokens, std::sp
 // each row into; 0 picks head_dim 128, else 64, else the whole row.
 Result<std::vector<uint8_t>> CompressSlotFile(std::span<const uint8_t> slot_file, const CodecConfig& config,
                                               uint32_t kv_heads, EncodeStats* stats = nullptr);
-// Rebuilds the slot file from a .cgslot, decoding the KV at `level`.
+// Rebuilds the slot file from a .cgslot, decoding the KV at `level`; a
+// .cgslot coded with a model profile needs it in `profiles`.
 Result<std::vector<uint8_t>> RestoreSlotFile(std::span<const uint8_t> cgslot, uint32_t level = 0,
-                                             uint32_t threads = 0);
+                                             uint32_t threads = 0, const ProfileSet* profiles = nullptr);
 
 }  // namespace cachegen::engine

@@ -223,7 +223,8 @@ struct DecodeResult {
 // a decode ends.
 class FetchDecoder {
  public:
-  FetchDecoder(uint32_t threads, Fetcher* fetcher) : threads_(threads), fetcher_(fetcher) {
+  FetchDecoder(uint32_t threads, const ProfileSet* profiles, Fetcher* fetcher)
+      : threads_(threads), profiles_(profiles), fetcher_(fetcher) {
     try {
       thread_ = std::thread([this] { Run(); });
     } catch (const std::system_error&) {
@@ -315,7 +316,7 @@ class FetchDecoder {
     const double cpu0 = ThreadCpuSeconds();
     const uint64_t received0 = fetcher_->received();
     DecodeResult r{task.chunk, task.from_backup};
-    Status st = DecodeFrame(*task.frame, task.kv.view(), threads_);
+    Status st = DecodeFrame(*task.frame, task.kv.view(), threads_, profiles_);
     if (st.ok())
       r.decoded = DecodedChunk{std::move(task.kv), task.token_start, t0, Clock::now(), ThreadCpuSeconds() - cpu0,
                                fetcher_->received() - received0};
@@ -325,6 +326,7 @@ class FetchDecoder {
   }
 
   const uint32_t threads_;
+  const ProfileSet* profiles_;
   Fetcher* const fetcher_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -519,7 +521,7 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
     Result<DecodedChunk> decoded;
   };
   std::vector<std::optional<Ahead>> ahead(n);
-  FetchDecoder decoder(options.decode_threads, &fetcher);  // after `fetcher`: it wakes the fetcher's wait
+  FetchDecoder decoder(options.decode_threads, options.profiles.get(), &fetcher);  // after `fetcher`: it wakes the fetcher's wait
   // Whether chunk c is decoded from the frame it will be handed over from:
   // its planned frame once that is here, else its backup.
   auto decoded_ahead = [&](uint32_t c) { return ahead[c] && ahead[c]->from_backup == !ready[c]; };

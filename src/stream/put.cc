@@ -51,8 +51,8 @@ Result<PutStats> PutContext(ChunkStore& store, const ChunkKey& root, std::span<c
 }
 
 Result<PutStats> PutContainer(ChunkStore& store, const ChunkKey& root, std::span<const TokenId> tokens,
-                              std::span<const uint8_t> container) {
-  CG_ASSIGN_OR_RETURN(Decoder dec, Decoder::Open(container));
+                              std::span<const uint8_t> container, const ProfileSet* profiles) {
+  CG_ASSIGN_OR_RETURN(Decoder dec, Decoder::Open(container, profiles));
   const ContainerInfo& info = dec.info();
   if (info.shape.tokens != tokens.size())
     return Status::InvalidArgument("put: " + std::to_string(tokens.size()) + " token ids for a container of " +
@@ -77,7 +77,7 @@ Result<PutStats> PutContainer(ChunkStore& store, const ChunkKey& root, std::span
     KVTensor scratch(shape, DType::kF16);
     for (uint32_t l = 0; l < info.levels; ++l) {
       CG_ASSIGN_OR_RETURN(std::span<const uint8_t> frame, dec.Frame(i, l));
-      if (Status st = DecodeFrame(frame, scratch.view()); !st.ok())
+      if (Status st = DecodeFrame(frame, scratch.view(), 1, profiles); !st.ok())
         return Status::InvalidArgument("put: chunk " + std::to_string(i) + " level " + std::to_string(l) +
                                        " does not decode: " + st.message());
     }

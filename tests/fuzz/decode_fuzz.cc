@@ -95,6 +95,7 @@ KVTensor RandomKV(const KVShape& shape, std::mt19937& rng) {
 struct FuzzProfiles {
   KVShape shape{2, 2, 8, 48};
   std::shared_ptr<const Profile> by_quantizer[2];
+  ProfileSet set;  // what every decode is given
   FuzzProfiles() {
     std::mt19937 rng(7);
     const KVTensor t = RandomKV(shape, rng);
@@ -104,7 +105,7 @@ struct FuzzProfiles {
       cfg.quantizer = q ? CodecConfig::Quantizer::kLloyd : CodecConfig::Quantizer::kUniform;
       auto p = Profile::Train({&view, 1}, cfg);
       if (!p.ok()) continue;
-      RegisterProfile(*p);
+      set.Add(*p);
       by_quantizer[q] = *p;
     }
   }
@@ -141,7 +142,7 @@ std::vector<uint8_t> MakeValid(std::mt19937& rng) {
   auto bytes = enc->Encode(src.view(), nullptr, rng() % 1000);
   if (!bytes.ok()) return {};  // codec not implemented yet
   if (rng() % 3 == 0) {
-    auto dec = Decoder::Open(*bytes);
+    auto dec = Decoder::Open(*bytes, &profiles.set);
     if (!dec.ok()) return {};
     auto frame = dec->Frame(uint32_t(rng() % dec->info().chunks.size()), uint32_t(rng() % dec->info().levels));
     if (frame.ok()) return std::vector<uint8_t>(frame->begin(), frame->end());
@@ -183,9 +184,9 @@ extern "C" size_t LLVMFuzzerCustomMutator(uint8_t* data, size_t size, size_t max
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  (void)Profiles();  // registered before any input references them
+  const ProfileSet* profiles = &Profiles().set;
   const std::span<const uint8_t> bytes(data, size);
-  if (auto dec = Decoder::Open(bytes); dec.ok()) {
+  if (auto dec = Decoder::Open(bytes, profiles); dec.ok()) {
     const ContainerInfo& info = dec->info();
     if (info.shape.values() <= kMaxValues) {
       KVTensor out(info.shape, DType::kBF16);
@@ -196,8 +197,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   if (auto fi = InspectFrame(bytes); fi.ok() && fi->shape.values() <= kMaxValues) {
     KVTensor out(fi->shape, DType::kF16);
-    (void)DecodeFrame(bytes, out.view(), 1);
-    (void)DecodeFrameLayer(bytes, fi->shape.layers - 1, out.view());
+    (void)DecodeFrame(bytes, out.view(), 1, profiles);
+    (void)DecodeFrameLayer(bytes, fi->shape.layers - 1, out.view(), profiles);
   }
   return 0;
 }

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -107,25 +108,41 @@ TEST(CApi, ProfileAndKlTarget) {
   auto p = (*trained)->WithSensitivity(std::vector<float>{1e-3f, 1e-2f, 2e-3f, 5e-3f});
   ASSERT_TRUE(p.ok());
   char err[256];
-  uint64_t id = 0;
-  ASSERT_EQ(cg_load_profile((*p)->bytes().data(), (*p)->bytes().size(), &id, err, sizeof err), CG_OK) << err;
-  EXPECT_EQ(id, (*p)->id());
+  cg_profile* prof = nullptr;
+  ASSERT_EQ(cg_profile_load((*p)->bytes().data(), (*p)->bytes().size(), &prof, err, sizeof err), CG_OK) << err;
+  EXPECT_EQ(cg_profile_id(prof), (*p)->id());
   const std::vector<uint8_t> junk(64, 7);
-  EXPECT_EQ(cg_load_profile(junk.data(), junk.size(), &id, err, sizeof err), CG_CORRUPT);
+  cg_profile* bad = prof;
+  EXPECT_EQ(cg_profile_load(junk.data(), junk.size(), &bad, err, sizeof err), CG_CORRUPT);
+  EXPECT_EQ(bad, nullptr);
 
   cg_config cfg;
   cg_config_default(&cfg);
-  EXPECT_EQ(cfg.profile_id, 0u);
+  EXPECT_EQ(cfg.profile, nullptr);
   cfg.max_kl = 1e-3;  // without a profile: refused
   uint8_t* buf = nullptr;
   size_t len = 0;
   EXPECT_EQ(cg_encode(kv.data(), CG_F32, 2, 2, 16, 64, &cfg, &buf, &len, err, sizeof err), CG_INVALID_ARGUMENT);
-  cfg.profile_id = 12345;  // not loaded
-  EXPECT_EQ(cg_encode(kv.data(), CG_F32, 2, 2, 16, 64, &cfg, &buf, &len, err, sizeof err), CG_NOT_FOUND);
-  cfg.profile_id = (*p)->id();
+  cfg.profile = prof;
   ASSERT_EQ(cg_encode(kv.data(), CG_F32, 2, 2, 16, 64, &cfg, &buf, &len, err, sizeof err), CG_OK) << err;
   std::vector<float> out(shape.values());
-  EXPECT_EQ(cg_decode(buf, len, 0, CG_F32, out.data(), out.size() * sizeof(float), 1, err, sizeof err), CG_OK) << err;
+  // The frames reference the profile: decoding needs it given, and only it.
+  EXPECT_EQ(cg_decode(buf, len, 0, CG_F32, out.data(), out.size() * sizeof(float), 1, err, sizeof err), CG_NOT_FOUND);
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>((*p)->id()));
+  EXPECT_NE(std::string(err).find(hex), std::string::npos) << err;
+  cg_profile* other = nullptr;
+  ASSERT_EQ(cg_profile_load((*trained)->bytes().data(), (*trained)->bytes().size(), &other, err, sizeof err), CG_OK);
+  EXPECT_EQ(cg_decode_using_profile(buf, len, other, 0, CG_F32, out.data(), out.size() * sizeof(float), 1, err,
+                                    sizeof err),
+            CG_NOT_FOUND);
+  EXPECT_EQ(cg_decode_using_profile(buf, len, prof, 0, CG_F32, out.data(), out.size() * sizeof(float), 1, err,
+                                    sizeof err),
+            CG_OK)
+      << err;
+  cg_profile_free(other);
+  cg_profile_free(prof);
+  cg_profile_free(nullptr);
   cg_free(buf);
 }
 

@@ -29,7 +29,6 @@ std::shared_ptr<const Profile> ProfileWith(std::vector<float> w, std::vector<flo
   auto q = (*p)->WithSensitivity(w, SensitivityCurve{steps, kl, 0, {}, {}});
   EXPECT_TRUE(q.ok()) << q.status().ToString();
   if (!q.ok()) return nullptr;
-  RegisterProfile(*q);
   return *q;
 }
 
@@ -37,7 +36,8 @@ Result<EncodeStats> EncodeWith(const CodecConfig& cfg, const KVTensor& kv) {
   CG_ASSIGN_OR_RETURN(Encoder enc, Encoder::Create(cfg));
   EncodeStats stats;
   CG_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, enc.Encode(kv.view(), &stats));
-  CG_ASSIGN_OR_RETURN(Decoder dec, Decoder::Open(bytes));
+  const ProfileSet profiles(cfg.profile);
+  CG_ASSIGN_OR_RETURN(Decoder dec, Decoder::Open(bytes, &profiles));
   CG_RETURN_IF_ERROR(dec.Decode(DType::kF32).status());
   return stats;
 }

@@ -49,7 +49,6 @@ TEST_F(AutoProfileTest, LearnsOnceThenReadsTheCache) {
   EXPECT_EQ(d.layers, (*model_)->info().layers);
   EXPECT_FALSE(d.sensitivity.empty());
   EXPECT_FALSE(d.curve_steps.empty());
-  EXPECT_EQ(FindProfile(first->profile->id()), first->profile);
 
   auto second = engine::AutoModelProfile(o);
   ASSERT_TRUE(second.ok()) << second.status().ToString();
@@ -59,12 +58,15 @@ TEST_F(AutoProfileTest, LearnsOnceThenReadsTheCache) {
   auto cached = engine::CachedModelProfile(o);
   ASSERT_TRUE(cached.ok()) << cached.status().ToString();
   EXPECT_EQ(cached->profile->id(), first->profile->id());
-  EXPECT_EQ(RegisterCachedProfiles(dir), 1u);
+  ProfileSet found;
+  EXPECT_EQ(AddCachedProfiles(dir, found), 1u);
+  EXPECT_EQ(found.Find(first->profile->id())->bytes(), first->profile->bytes());
   // A damaged cache file is not used: the cache has no profile of the model
   // (AutoModelProfile then learns it again, as the first time).
   std::ofstream(first->path, std::ios::binary | std::ios::trunc) << "not a profile";
   EXPECT_EQ(engine::CachedModelProfile(o).status().code(), StatusCode::kNotFound);
-  EXPECT_EQ(RegisterCachedProfiles(dir), 0u);
+  ProfileSet none;
+  EXPECT_EQ(AddCachedProfiles(dir, none), 0u);
   std::filesystem::remove_all(dir);
 }
 

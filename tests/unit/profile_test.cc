@@ -369,7 +369,8 @@ KVTensor KeysAt2Bits(const KVTensor& kv, std::shared_ptr<const Profile> profile,
   EXPECT_TRUE(bytes.ok()) << bytes.status().ToString();
   if (!bytes.ok()) return KVTensor(kv.shape(), DType::kF32);
   *bits = double(bytes->size()) * 8 / double(kv.shape().values());
-  auto out = Decoder::Open(*bytes)->Decode(DType::kF32);
+  const ProfileSet profiles(cfg.profile);
+  auto out = Decoder::Open(*bytes, &profiles)->Decode(DType::kF32);
   EXPECT_TRUE(out.ok()) << out.status().ToString();
   return out.ok() ? std::move(*out) : KVTensor(kv.shape(), DType::kF32);
 }
@@ -432,8 +433,6 @@ TEST(Profile, KeyTransformsDecorrelateHeldOutKeys) {
   EXPECT_EQ((*again)->data().transform, d.transform);
   EXPECT_EQ((*again)->bytes(), (*with)->bytes());
 
-  RegisterProfile(*with);
-  RegisterProfile(*without);
   const KVTensor& held_out = ctx[3];
   double bits_with = 0, bits_without = 0;
   const KVTensor out_with = KeysAt2Bits(held_out, *with, &bits_with);
@@ -537,8 +536,6 @@ TEST(Profile, ChannelClassesCodeKeysCloserAtEqualBits) {
   EXPECT_EQ((*again)->bytes(), good);
   EXPECT_EQ((*again)->data().class_of, d.class_of);
 
-  RegisterProfile(*with);
-  RegisterProfile(*without);
   const KVTensor held_out = Contexts(3, 1)[0];
   double bits_with = 0, bits_without = 0;
   const KVTensor out_with = KeysAt2Bits(held_out, *with, &bits_with);
@@ -563,14 +560,14 @@ TEST(Profile, ChannelClassesCodeKeysCloserAtEqualBits) {
   auto with_lloyd = Profile::Train(views, lloyd, o);
   ASSERT_TRUE(with_lloyd.ok()) << with_lloyd.status().ToString();
   ASSERT_TRUE((*with_lloyd)->data().HasClasses(0));
-  RegisterProfile(*with_lloyd);
   CodecConfig cfg = lloyd;
   cfg.bits_per_value = 2;
   cfg.profile = *with_lloyd;
   auto bytes = Encoder::Create(cfg)->Encode(held_out.view());
   ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
   EXPECT_NEAR(double(bytes->size()) * 8 / double(held_out.shape().values()), 2, 0.16);
-  auto out_lloyd = Decoder::Open(*bytes)->Decode(DType::kF32);
+  const ProfileSet lloyd_profiles(*with_lloyd);
+  auto out_lloyd = Decoder::Open(*bytes, &lloyd_profiles)->Decode(DType::kF32);
   ASSERT_TRUE(out_lloyd.ok()) << out_lloyd.status().ToString();
   EXPECT_LT(key_mse(*out_lloyd), 1.5 * mse_with) << key_mse(*out_lloyd) << " vs " << mse_with;
 
@@ -632,8 +629,6 @@ TEST(Profile, SensitivitiesSteerStepsAtTheBitTarget) {
   // Section 2 (layer 1 K) 100x as sensitive: its step 10x finer than the others'.
   auto q = WithSensitivity(*p, {1, 1, 100, 1});
   ASSERT_TRUE(q);
-  RegisterProfile(p);
-  RegisterProfile(q);
   const KVTensor kv = Contexts(3, 1)[0];
   auto section_mse = [&](std::shared_ptr<const Profile> prof, double* bits) {
     CodecConfig cfg;
@@ -642,7 +637,8 @@ TEST(Profile, SensitivitiesSteerStepsAtTheBitTarget) {
     auto bytes = Encoder::Create(cfg)->Encode(kv.view());
     EXPECT_TRUE(bytes.ok());
     *bits = double(bytes->size()) * 8 / double(kv.shape().values());
-    auto out = Decoder::Open(*bytes)->Decode(DType::kF32);
+    const ProfileSet profiles(cfg.profile);
+    auto out = Decoder::Open(*bytes, &profiles)->Decode(DType::kF32);
     EXPECT_TRUE(out.ok());
     std::vector<double> mse(4, 0);
     const KVShape& s = kv.shape();
@@ -681,7 +677,8 @@ Coded Code(const KVTensor& kv, std::shared_ptr<const Profile> profile) {
   EXPECT_TRUE(enc.ok());
   Coded c;
   c.bytes = *enc->Encode(kv.view());
-  auto dec = Decoder::Open(c.bytes);
+  const ProfileSet profiles(cfg.profile);
+  auto dec = Decoder::Open(c.bytes, &profiles);
   EXPECT_TRUE(dec.ok());
   auto out = dec->Decode(DType::kF32);
   EXPECT_TRUE(out.ok()) << out.status().ToString();
@@ -705,13 +702,13 @@ TEST(Profile, SmallChunksGetSmallerAndDecodeOnlyWithTheProfile) {
   auto p = Trained();
   ASSERT_TRUE(p);
   const KVTensor kv = Contexts(3, 1)[0];  // not a training context
-  RegisterProfile(p);
   const Coded plain = Code(kv, nullptr), with = Code(kv, p);
   EXPECT_LT(with.bytes.size() * 10, plain.bytes.size() * 9)
       << "with profile " << with.bytes.size() << " B, without " << plain.bytes.size() << " B";
   EXPECT_GT(with.snr_db, plain.snr_db - 3.0);
 
-  // A profile nobody registered: the frames name it, decoding says so.
+  // A profile not given to the decoder: the frames name it, decoding says so,
+  // with no profiles or with others.
   CodecConfig other;
   other.group_tokens = 1;
   auto q = Trained(other);
@@ -721,14 +718,22 @@ TEST(Profile, SmallChunksGetSmallerAndDecodeOnlyWithTheProfile) {
   cfg.profile = q;
   auto bytes = Encoder::Create(cfg)->Encode(kv.view());
   ASSERT_TRUE(bytes.ok());
-  auto dec = Decoder::Open(*bytes);
-  ASSERT_TRUE(dec.ok());
-  auto out = dec->Decode(DType::kF32);
-  ASSERT_FALSE(out.ok());
-  EXPECT_EQ(out.status().code(), StatusCode::kNotFound);
-  EXPECT_NE(out.status().message().find("profile"), std::string::npos);
-  RegisterProfile(q);
-  EXPECT_TRUE(dec->Decode(DType::kF32).ok());
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(q->id()));
+  ProfileSet profiles(p);
+  const ProfileSet* const given_sets[] = {nullptr, &profiles};
+  for (const ProfileSet* given : given_sets) {
+    auto dec = Decoder::Open(*bytes, given);
+    ASSERT_TRUE(dec.ok());
+    auto out = dec->Decode(DType::kF32);
+    ASSERT_FALSE(out.ok());
+    EXPECT_EQ(out.status().code(), StatusCode::kNotFound);
+    EXPECT_NE(out.status().message().find(hex), std::string::npos) << out.status().ToString();
+  }
+  profiles.Add(q);
+  EXPECT_EQ(profiles.size(), 2u);
+  EXPECT_EQ(profiles.Find(q->id()), q);
+  EXPECT_TRUE(Decoder::Open(*bytes, &profiles)->Decode(DType::kF32).ok());
 }
 
 // Profile frames of small heads have short table-form streams, which the
@@ -737,7 +742,7 @@ TEST(Profile, SmallChunksGetSmallerAndDecodeOnlyWithTheProfile) {
 TEST(Profile, OneLaneStreamsDecodeTheSameOnScalarAndSimdPaths) {
   auto p = Trained();
   ASSERT_TRUE(p);
-  RegisterProfile(p);
+  const ProfileSet profiles(p);
   const KVTensor kv = Contexts(3, 1)[0];
   for (double bits : {1.0, 2.0, 4.0}) {
     CodecConfig cfg;
@@ -745,7 +750,7 @@ TEST(Profile, OneLaneStreamsDecodeTheSameOnScalarAndSimdPaths) {
     cfg.bits_per_value = bits;
     auto bytes = Encoder::Create(cfg)->Encode(kv.view());
     ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
-    auto dec = Decoder::Open(*bytes);
+    auto dec = Decoder::Open(*bytes, &profiles);
     ASSERT_TRUE(dec.ok());
     simd::SetEnabled(false);
     auto scalar = dec->Decode(DType::kF16);
@@ -777,7 +782,6 @@ double SectionSnrDb(const KVTensor& kv, const KVTensor& out, uint32_t layer, KV 
 TEST(Profile, SectionsUnlikeTheProfileUseTheirOwnStatistics) {
   auto p = Trained();
   ASSERT_TRUE(p);
-  RegisterProfile(p);
   const KVTensor like = Contexts(3, 1)[0];
   KVTensor unlike = Contexts(3, 1)[0];
   const KVShape& s = unlike.shape();
@@ -799,7 +803,8 @@ TEST(Profile, SectionsUnlikeTheProfileUseTheirOwnStatistics) {
     EXPECT_TRUE(bytes.ok()) << bytes.status().ToString();
     *unlike_sections = 0;
     for (const FrameStats& fs : stats.frames) *unlike_sections += fs.sections_unlike_profile;
-    auto out = Decoder::Open(*bytes)->Decode(DType::kF32);
+    const ProfileSet profiles(cfg.profile);
+    auto out = Decoder::Open(*bytes, &profiles)->Decode(DType::kF32);
     EXPECT_TRUE(out.ok()) << out.status().ToString();
     return std::move(out).value();
   };
@@ -821,7 +826,7 @@ TEST(Profile, SectionsUnlikeTheProfileUseTheirOwnStatistics) {
 TEST(Profile, RotationWithHeadTransformsIsCorrupt) {
   auto p = Trained(CodecConfig{}, NoClasses());
   ASSERT_TRUE(p);
-  RegisterProfile(p);
+  const ProfileSet profiles(p);
   CodecConfig cfg;
   cfg.profile = p;
   auto frames = Encoder::Create(cfg)->EncodeChunk(Contexts(3, 1)[0].view(), 0, 0);
@@ -836,10 +841,10 @@ TEST(Profile, RotationWithHeadTransformsIsCorrupt) {
       sections.push_back({std::vector<uint8_t>(payload->begin(), payload->end())});
     }
   KVTensor out(kShape, DType::kF32);
-  ASSERT_TRUE(DecodeFrame(WriteFrame(parsed->header, sections), out.view()).ok());
+  ASSERT_TRUE(DecodeFrame(WriteFrame(parsed->header, sections), out.view(), 1, &profiles).ok());
   FrameHeader h = parsed->header;
   h.params[1] |= 1;  // the rotation flag
-  EXPECT_EQ(DecodeFrame(WriteFrame(h, sections), out.view()).code(), StatusCode::kCorrupt);
+  EXPECT_EQ(DecodeFrame(WriteFrame(h, sections), out.view(), 1, &profiles).code(), StatusCode::kCorrupt);
 }
 
 TEST(Profile, EncoderRejectsMismatchedSettings) {

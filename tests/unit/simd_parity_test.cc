@@ -553,7 +553,7 @@ TEST_F(SimdParity, ProfileFramesDecodeIdenticallyOnTheFusedPath) {
     const KVView views[] = {train.view()};
     auto prof = Profile::Train(views, cfg, o);
     ASSERT_TRUE(prof.ok()) << prof.status().ToString();
-    RegisterProfile(*prof);
+    const ProfileSet profiles(*prof);
     cfg.profile = *prof;
     cfg.bits_per_value = c.bits;
     cfg.chunk_tokens = 256;
@@ -561,7 +561,7 @@ TEST_F(SimdParity, ProfileFramesDecodeIdenticallyOnTheFusedPath) {
     const KVTensor held_out = kv.Slice(256, 256);
     auto bytes = Encoder::Create(cfg)->Encode(held_out.view());
     ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
-    auto dec = Decoder::Open(*bytes);
+    auto dec = Decoder::Open(*bytes, &profiles);
     ASSERT_TRUE(dec.ok()) << dec.status().ToString();
     const std::string what = "rope " + std::to_string(int(c.rope.kind)) + "/" + std::to_string(c.rope.dims) + " G " +
                              std::to_string(c.group_tokens);

@@ -93,7 +93,8 @@ Status BenchOne(const KVTensor& input, const std::string& codec, const std::shar
                         CG_ASSIGN_OR_RETURN(bytes, encn.Encode(input.view()));
                         return Status::Ok();
                       }));
-  CG_ASSIGN_OR_RETURN(Decoder dec, Decoder::Open(bytes));
+  const ProfileSet profiles(profile);
+  CG_ASSIGN_OR_RETURN(Decoder dec, Decoder::Open(bytes, &profiles));
   KVTensor out(input.shape(), o.out_dtype);
   // One-thread decode, each rep right after a zstd decode of the same data:
   // decode_vs_zstd is the median of the per-rep ratios, so a load change on a

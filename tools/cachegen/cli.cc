@@ -52,7 +52,16 @@ Result<ModelProfileFacts> AutomaticModelProfile(const std::string& gguf) {
   return ModelProfiler()(gguf);
 }
 
-void RegisterAutomaticProfiles() { RegisterCachedProfiles(DefaultProfileCacheDir()); }
+Result<std::shared_ptr<const ProfileSet>> DecodeProfiles(const std::string& profile_path) {
+  auto profiles = std::make_shared<ProfileSet>();
+  if (profile_path.empty()) {
+    AddCachedProfiles(DefaultProfileCacheDir(), *profiles);
+  } else {
+    CG_ASSIGN_OR_RETURN(std::shared_ptr<const Profile> p, LoadProfileFile(profile_path));
+    profiles->Add(std::move(p));
+  }
+  return std::shared_ptr<const ProfileSet>(std::move(profiles));
+}
 
 Result<ModelKeyFacts> ReadModelKeyFacts(const std::string& gguf) {
   if (!ModelReader()) return Status::Unsupported("--model needs a build with llama.cpp (or give --rope ...)");
@@ -95,7 +104,6 @@ Result<std::shared_ptr<const Profile>> LoadProfileFile(const std::string& path) 
   if (!p.ok()) return p.status().code() == StatusCode::kUnsupported
                          ? Status::Unsupported("'" + path + "': " + p.status().message())
                          : Status::Corrupt("'" + path + "': " + p.status().message());
-  RegisterProfile(*p);
   return p;
 }
 

@@ -37,7 +37,7 @@ void AddRopeOptions(CLI::App* app, RopeArgs* args, bool model_flag);
 // encodes; `given` (when not null) is set when the option is on the command line.
 void AddQuantizerOption(CLI::App* app, CodecConfig* config, bool* given = nullptr);
 
-// Reads a .cgprof, validates it and registers it for decoding (RegisterProfile).
+// Reads and validates a .cgprof.
 Result<std::shared_ptr<const Profile>> LoadProfileFile(const std::string& path);
 // LoadProfileFile into config->profile. Unless --quantizer was given, the
 // config takes the quantizer the profile was trained for (where it says).
@@ -80,9 +80,11 @@ struct ModelProfileFacts {
 };
 void SetModelProfiler(std::function<Result<ModelProfileFacts>(const std::string&)> profiler);
 Result<ModelProfileFacts> AutomaticModelProfile(const std::string& gguf);
-// Registers the profiles of the profile cache folder, so that frames coded
-// with an automatic profile decode without --profile.
-void RegisterAutomaticProfiles();
+// The profiles a decoding command gives its decoder: the .cgprof at
+// `profile_path` when one is given, else every profile of the profile cache
+// folder, so that frames coded with an automatic profile decode without
+// --profile.
+Result<std::shared_ptr<const ProfileSet>> DecodeProfiles(const std::string& profile_path);
 
 // `cachegen demo` on a real model (set by the llama.cpp tools at start-up):
 // returns the exit code. Empty in builds without llama.cpp.

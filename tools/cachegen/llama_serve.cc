@@ -51,7 +51,6 @@ std::shared_ptr<const Profile> ReadSharedProfile(ChunkStore& store, const ChunkK
   if (!p.ok() || (*p)->layers() != info.layers || (*p)->kv_heads() != info.kv_heads ||
       (*p)->head_dim() != info.head_dim || (*p)->data().sensitivity.empty())
     return nullptr;
-  RegisterProfile(*p);
   return *p;
 }
 

@@ -108,14 +108,11 @@ struct DecodeArgs {
 };
 
 int RunDecode(const DecodeArgs& a) {
-  if (a.profile.empty()) RegisterAutomaticProfiles();
-  if (!a.profile.empty()) {
-    auto p = LoadProfileFile(a.profile);
-    if (!p.ok()) return Fail(p.status());
-  }
+  Result<std::shared_ptr<const ProfileSet>> profiles = DecodeProfiles(a.profile);
+  if (!profiles.ok()) return Fail(profiles.status());
   Result<std::vector<uint8_t>> bytes = ReadFileBytes(a.input);
   if (!bytes.ok()) return Fail(bytes.status());
-  Result<Decoder> dec = Decoder::Open(*bytes);
+  Result<Decoder> dec = Decoder::Open(*bytes, profiles->get());
   if (!dec.ok()) return Fail(Status::Corrupt("'" + a.input + "': " + dec.status().message()));
   DType dtype = dec->info().dtype;
   if (!a.dtype.empty()) {

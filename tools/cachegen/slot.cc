@@ -78,9 +78,9 @@ int RunCompress(const SlotArgs& a) {
 int RunRestore(const SlotArgs& a) {
   Result<std::vector<uint8_t>> in = ReadFileBytes(a.input);
   if (!in.ok()) return Fail(in.status());
-  if (a.profile.empty()) RegisterAutomaticProfiles();
-  else if (Result<std::shared_ptr<const Profile>> p = LoadProfileFile(a.profile); !p.ok()) return Fail(p.status());
-  Result<std::vector<uint8_t>> out = engine::RestoreSlotFile(*in, a.level, a.threads);
+  Result<std::shared_ptr<const ProfileSet>> profiles = DecodeProfiles(a.profile);
+  if (!profiles.ok()) return Fail(profiles.status());
+  Result<std::vector<uint8_t>> out = engine::RestoreSlotFile(*in, a.level, a.threads, profiles->get());
   if (!out.ok()) {
     std::fprintf(stderr, "cachegen: error: '%s': %s\n", a.input.c_str(), out.status().message().c_str());
     return 1;

@@ -59,14 +59,12 @@ void AddChainOptions(CLI::App* app, ChainArgs* c, const char* model_profile_use)
   app->add_option("--chunk-tokens", c->chunk_tokens, "Tokens per chunk")->capture_default_str();
 }
 
-// The chain's root; with --profile, the model profile is loaded (decoders
-// find it by id) and, when `config` is given, set in it with its quantizer.
-Result<ChunkKey> LoadChain(const ChainArgs& c, uint32_t chunk_tokens, CodecConfig* config = nullptr) {
+// The chain's root; with --profile, the model profile is loaded and set in
+// `config` with its quantizer (encoders code with it, decoders are given it).
+Result<ChunkKey> LoadChain(const ChainArgs& c, uint32_t chunk_tokens, CodecConfig* config) {
   if (c.model_profile.empty()) return ChainRoot(c.model, c.codec_profile, chunk_tokens);
-  CodecConfig loaded;
-  CodecConfig* target = config ? config : &loaded;
-  CG_RETURN_IF_ERROR(UseProfileFile(c.model_profile, /*quantizer_given=*/false, target));
-  return ChainRoot(c.model, WithModelProfile(c.codec_profile, target->profile->id()), chunk_tokens);
+  CG_RETURN_IF_ERROR(UseProfileFile(c.model_profile, /*quantizer_given=*/false, config));
+  return ChainRoot(c.model, WithModelProfile(c.codec_profile, config->profile->id()), chunk_tokens);
 }
 
 Result<std::vector<TokenId>> LoadTokens(const std::string& path) {
@@ -104,9 +102,11 @@ int RunPut(const PutArgs& a) {
     if (chunk_tokens != a.chain.chunk_tokens)
       return Fail(Status::InvalidArgument(a.input + " has " + std::to_string(chunk_tokens) +
                                           "-token chunks; pass --chunk-tokens " + std::to_string(chunk_tokens)));
-    Result<ChunkKey> root = LoadChain(a.chain, chunk_tokens);
+    CodecConfig chain;
+    Result<ChunkKey> root = LoadChain(a.chain, chunk_tokens, &chain);
     if (!root.ok()) return Fail(root.status());
-    stats = PutContainer(**store, *root, *tokens, *bytes);
+    const ProfileSet profiles(chain.profile);
+    stats = PutContainer(**store, *root, *tokens, *bytes, &profiles);
   } else {
     Result<KVTensor> kv = LoadInput(a.input);
     if (!kv.ok()) return Fail(kv.status());
@@ -175,8 +175,10 @@ int RunFetch(const FetchArgs& a) {
   opts.dtype = *dtype;
   // The delivered chunks, kept only when writing them out.
   std::vector<KVTensor> chunks;
-  Result<ChunkKey> root = LoadChain(a.chain, a.chain.chunk_tokens);
+  CodecConfig chain;
+  Result<ChunkKey> root = LoadChain(a.chain, a.chain.chunk_tokens, &chain);
   if (!root.ok()) return Fail(root.status());
+  opts.profiles = std::make_shared<const ProfileSet>(chain.profile);
   StreamClient client(store->get());
   Result<StreamResult> r = client.FetchTokens(
       *root, *tokens, a.chain.chunk_tokens, opts,

@@ -90,7 +90,7 @@ std::vector<uint8_t> WriteParams(const Params& p) {
   return out;
 }
 
-Result<Params> ReadParams(std::span<const uint8_t> bytes, const KVShape& shape) {
+Result<Params> ReadParams(std::span<const uint8_t> bytes, const KVShape& shape, const ProfileSet* profiles) {
   const uint32_t head_dim = shape.head_dim;
   ByteReader r(bytes);
   Params p;
@@ -121,12 +121,12 @@ Result<Params> ReadParams(std::span<const uint8_t> bytes, const KVShape& shape) 
   if (flags & kParamsProfile) {
     const uint64_t id = r.U64();
     if (!r.ok()) return Status::Corrupt("cachegen params: wrong length");
-    p.profile = FindProfile(id);
+    p.profile = profiles ? profiles->Find(id) : nullptr;
     if (!p.profile) {
       char hex[17];
       std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(id));
       return Status::NotFound(std::string("frame needs model profile ") + hex +
-                              ", which is not loaded (give its .cgprof, e.g. --profile P.cgprof)");
+                              ", which was not given to the decoder (give its .cgprof, e.g. --profile P.cgprof)");
     }
     if (p.profile->layers() != shape.layers || p.profile->kv_heads() != shape.kv_heads ||
         p.profile->head_dim() != head_dim)
@@ -285,13 +285,13 @@ class CacheGenCodec final : public Codec {
 
   Status DecodeSection(const SectionContext& ctx, std::span<const uint8_t> payload,
                        std::span<float> out) const override {
-    CG_ASSIGN_OR_RETURN(const Params p, ReadParams(ctx.params, ctx.shape));
+    CG_ASSIGN_OR_RETURN(const Params p, ReadParams(ctx.params, ctx.shape, ctx.profiles));
     return DecodeCacheGenSection(Layout(ctx, p), payload, out, KeyRope(ctx, p));
   }
 
   Status DecodeSectionToView(const SectionContext& ctx, std::span<const uint8_t> payload, const KVView& out,
                              std::vector<float>&) const override {
-    CG_ASSIGN_OR_RETURN(const Params p, ReadParams(ctx.params, ctx.shape));
+    CG_ASSIGN_OR_RETURN(const Params p, ReadParams(ctx.params, ctx.shape, ctx.profiles));
     return DecodeCacheGenSection(Layout(ctx, p), payload, SectionSink{out, ctx.layer, ctx.kv, KeyRope(ctx, p)});
   }
 
@@ -540,8 +540,9 @@ class CacheGenCodec final : public Codec {
 }  // namespace
 
 Result<CacheGenFrameParams> ReadCacheGenFrameParams(std::span<const uint8_t> params, const KVShape& shape,
-                                                    uint32_t token_start, uint32_t context_tokens) {
-  CG_ASSIGN_OR_RETURN(const Params p, ReadParams(params, shape));
+                                                    uint32_t token_start, uint32_t context_tokens,
+                                                    const ProfileSet* profiles) {
+  CG_ASSIGN_OR_RETURN(const Params p, ReadParams(params, shape, profiles));
   return CacheGenFrameParams{MakeLayout(shape, p, token_start, context_tokens), p.rope};
 }
 

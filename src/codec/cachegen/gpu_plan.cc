@@ -176,7 +176,8 @@ Status AddFrame(Plan* plan, std::span<const uint8_t> input, std::span<const uint
                                    " does not fit the output " + out.shape.ToString());
   CG_RETURN_IF_ERROR(CheckParamsSupported(h.params));
   CG_ASSIGN_OR_RETURN(const CacheGenFrameParams fp,
-                      ReadCacheGenFrameParams(h.params, h.shape, h.token_start, h.context_tokens));
+                      ReadCacheGenFrameParams(h.params, h.shape, h.token_start, h.context_tokens,
+                                              /*profiles=*/nullptr));  // refused above
   const SectionLayout& l = fp.layout;
   JobDesc job;
   job.tokens = l.tokens;

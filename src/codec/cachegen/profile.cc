@@ -5,10 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <mutex>
 #include <optional>
 #include <string>
-#include <unordered_map>
 
 #include "codec/cachegen/hadamard.h"
 #include "codec/cachegen/head_transform.h"
@@ -31,16 +29,6 @@ constexpr int32_t kTrainGridFirst = -28;
 constexpr uint32_t kTrainGridPoints = 40;
 // Histogram bins for the tables (values >= 255 are escapes anyway).
 constexpr size_t kTableBins = rans::kMaxAlphabet;
-
-
-std::mutex& RegistryMutex() {
-  static std::mutex m;
-  return m;
-}
-std::unordered_map<uint64_t, std::shared_ptr<const Profile>>& Registry() {
-  static std::unordered_map<uint64_t, std::shared_ptr<const Profile>> r;
-  return r;
-}
 
 // Moves a section's channel scales towards ∝ 1/sqrt(w_c), the high-rate
 // optimum for a weighted squared error sum_c w_c e_c^2 (steps are scale *
@@ -395,16 +383,21 @@ Result<std::shared_ptr<const Profile>> Profile::WithSensitivity(std::span<const 
   return Parse(internal::SerializeProfile(d));
 }
 
-void RegisterProfile(std::shared_ptr<const Profile> profile) {
+void ProfileSet::Add(std::shared_ptr<const Profile> profile) {
   if (!profile) return;
-  std::lock_guard lock(RegistryMutex());
-  Registry().emplace(profile->id(), std::move(profile));
+  std::lock_guard lock(mu_);
+  by_id_.emplace(profile->id(), std::move(profile));
 }
 
-std::shared_ptr<const Profile> FindProfile(uint64_t id) {
-  std::lock_guard lock(RegistryMutex());
-  auto it = Registry().find(id);
-  return it == Registry().end() ? nullptr : it->second;
+std::shared_ptr<const Profile> ProfileSet::Find(uint64_t id) const {
+  std::lock_guard lock(mu_);
+  auto it = by_id_.find(id);
+  return it == by_id_.end() ? nullptr : it->second;
+}
+
+size_t ProfileSet::size() const {
+  std::lock_guard lock(mu_);
+  return by_id_.size();
 }
 
 }  // namespace cachegen

@@ -18,7 +18,7 @@ std::string DefaultProfileCacheDir() {
   return (fs::temp_directory_path() / "cachegen-profiles").string();
 }
 
-uint32_t RegisterCachedProfiles(const std::string& dir) {
+uint32_t AddCachedProfiles(const std::string& dir, ProfileSet& profiles) {
   std::error_code ec;
   uint32_t n = 0;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
@@ -27,7 +27,7 @@ uint32_t RegisterCachedProfiles(const std::string& dir) {
     if (!bytes.ok()) continue;
     Result<std::shared_ptr<const Profile>> p = Profile::Parse(*bytes);
     if (!p.ok()) continue;
-    RegisterProfile(*p);
+    profiles.Add(*p);
     ++n;
   }
   return n;

@@ -1,6 +1,6 @@
 // The folder where automatic model profiles are kept (one file per model,
-// learned by src/engine/llama/auto_profile.h), and registering what it holds
-// so that frames referencing those profiles decode without --profile.
+// learned by src/engine/llama/auto_profile.h), and loading what it holds so
+// that frames referencing those profiles decode without --profile.
 #pragma once
 
 #include <cstdint>
@@ -8,12 +8,14 @@
 
 namespace cachegen {
 
+class ProfileSet;  // cachegen/profile.h
+
 // $CACHEGEN_PROFILE_DIR, else $XDG_CACHE_HOME/cachegen/profiles, else
 // $HOME/.cache/cachegen/profiles, else cachegen-profiles in the temp directory.
 std::string DefaultProfileCacheDir();
 
-// Registers (RegisterProfile) every valid .cgprof in `dir`; files that do
-// not parse are skipped. Returns how many were registered.
-uint32_t RegisterCachedProfiles(const std::string& dir);
+// Adds every valid .cgprof in `dir` to `profiles`; files that do not parse
+// are skipped. Returns how many were added.
+uint32_t AddCachedProfiles(const std::string& dir, ProfileSet& profiles);
 
 }  // namespace cachegen

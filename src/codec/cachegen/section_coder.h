@@ -216,7 +216,8 @@ struct CacheGenFrameParams {
   RopeConfig rope;
 };
 Result<CacheGenFrameParams> ReadCacheGenFrameParams(std::span<const uint8_t> params, const KVShape& shape,
-                                                    uint32_t token_start, uint32_t context_tokens);
+                                                    uint32_t token_start, uint32_t context_tokens,
+                                                    const ProfileSet* profiles);
 
 class RopeTable;
 

@@ -101,7 +101,6 @@ Result<AutoProfile> LookUpCache(const AutoProfileOptions& o, const std::shared_p
   AutoProfile out;
   out.path = (fs::path(o.cache_dir.empty() ? DefaultProfileCacheDir() : o.cache_dir) / FileNameOf(fingerprint, o)).string();
   if ((out.profile = ReadCached(out.path, model->info()))) {
-    RegisterProfile(out.profile);
     out.seconds = SecondsSince(t0);
     out.source = "read from " + out.path + " (learned earlier from text the model wrote itself)";
   }
@@ -168,7 +167,6 @@ Result<AutoProfile> AutoModelProfile(const AutoProfileOptions& o) {
   CG_ASSIGN_OR_RETURN(ModelProfile learned, TrainModelProfile(po));
   out.profile = learned.profile;
   out.learned = true;
-  RegisterProfile(out.profile);
   out.seconds = SecondsSince(t0);
   const Status saved = WriteAtomically(out.path, out.profile->bytes());
   out.source = fmt::format("learned in {:.1f} s from {} windows of text the model wrote itself ({})", out.seconds,

@@ -35,7 +35,7 @@ struct AutoProfileOptions {
 };
 
 struct AutoProfile {
-  std::shared_ptr<const Profile> profile;  // registered for decoders
+  std::shared_ptr<const Profile> profile;
   std::string path;                        // its file in the cache folder
   bool learned = false;                    // learned now (else read from the cache)
   double seconds = 0;                      // spent learning or reading

@@ -160,10 +160,8 @@ Result<std::shared_ptr<const LlamaCompletionEngine::ChunkCoding>> LlamaCompletio
   c->codec = codec;
   CG_ASSIGN_OR_RETURN(Encoder enc, Encoder::Create(codec));
   c->encoder = std::make_unique<Encoder>(std::move(enc));
-  if (codec.profile) {
-    CG_RETURN_IF_ERROR(CheckEncoderFitsModel(*c->encoder, info));
-    RegisterProfile(codec.profile);  // the stream client's decoder finds it by id
-  }
+  if (codec.profile) CG_RETURN_IF_ERROR(CheckEncoderFitsModel(*c->encoder, info));
+  c->profiles = std::make_shared<const ProfileSet>(codec.profile);
   c->root = ChainRoot(o.model_fingerprint, CodecProfile(codec), codec.chunk_tokens);
   return std::shared_ptr<const ChunkCoding>(std::move(c));
 }
@@ -328,6 +326,7 @@ Result<PrefillResult> LlamaCompletionEngine::Prefill(uint32_t slot, std::span<co
     so.decode_threads = options_.decode_threads;
     so.levels = options_.codec.levels;
     so.cancel = &aborting_;
+    so.profiles = coding->profiles;
     // Without a deadline there is nothing to trade: always the best level.
     so.fixed_level = deadline > 0 ? options_.fixed_level : std::max(options_.fixed_level, 0);
     // The last request's bandwidth estimate, so the first chunk need not probe.

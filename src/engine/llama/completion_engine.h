@@ -136,6 +136,9 @@ class LlamaCompletionEngine final : public serve::CompletionEngine {
     CodecConfig codec;
     ChunkKey root;
     std::unique_ptr<Encoder> encoder;
+    // What the chunks under `root` can reference: codec.profile (the root
+    // names it), or nothing.
+    std::shared_ptr<const ProfileSet> profiles;
   };
   static Result<std::shared_ptr<const ChunkCoding>> MakeCoding(const LlamaModelInfo& info, const LlamaServeOptions& o,
                                                                const CodecConfig& codec);

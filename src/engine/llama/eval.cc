@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "cachegen/profile.h"
 
 namespace cachegen::engine {
 namespace {
@@ -283,7 +284,8 @@ Result<EvalReport> RunEval(const EvalOptions& o) {
         const double predicted = sp.level < stats.level_predicted_kl.size() ? stats.level_predicted_kl[sp.level] : -1;
         acc[r].predicted_kl = acc[r].predicted_kl < 0 || predicted < 0 ? -1 : acc[r].predicted_kl + predicted;
         const auto td = Clock::now();
-        CG_ASSIGN_OR_RETURN(auto dec, Decoder::Open(bytes));
+        const ProfileSet profiles(sp.cfg.profile);
+        CG_ASSIGN_OR_RETURN(auto dec, Decoder::Open(bytes, &profiles));
         CG_ASSIGN_OR_RETURN(KVTensor out, dec.Decode(cap.kv.dtype(), sp.level));
         acc[r].decode_s += Since(td);
         acc[r].bits += static_cast<double>(LevelBytes(dec.info(), sp.level, bytes.size())) * 8.0 /
