@@ -12,6 +12,7 @@
 
 #include "cachegen/codec.h"
 #include "codec/cachegen/gpu_plan.h"
+#include "format/frame.h"
 #include "kv/synthetic.h"
 
 namespace cachegen::gpu_test {
@@ -146,6 +147,24 @@ inline Status ReferenceDecode(std::span<const uint8_t> container, uint32_t level
   CG_ASSIGN_OR_RETURN(Decoder d, Decoder::Open(container));
   const KVView view(buf->data(), o.dtype, o.shape, o.strides, KVPaging{o.page_tokens, o.page_offsets});
   return d.Decode(view, level, 1);
+}
+
+// A frame's header and section payloads, to rebuild with changes (WriteFrame).
+struct FrameParts {
+  FrameHeader header;
+  std::vector<EncodedSection> sections;
+};
+
+inline FrameParts SplitFrame(const std::vector<uint8_t>& frame) {
+  auto p = ParseFrame(frame);
+  EXPECT_TRUE(p.ok()) << p.status().ToString();
+  if (!p.ok()) return {};
+  FrameParts parts{p->header, {}};
+  for (uint32_t i = 0; i < p->sections.size(); ++i) {
+    auto payload = SectionPayload(*p, frame, i / 2, static_cast<KV>(i % 2));
+    parts.sections.push_back({std::vector<uint8_t>(payload->begin(), payload->end()), p->sections[i].side_bytes});
+  }
+  return parts;
 }
 
 // Empty when equal, else where the first difference is.

@@ -19,7 +19,7 @@ build=${BUILD:-build-cuda}
 bench/gpu/run.sh --build-only
 mkdir -p "$out/bench/gpu" "$out/build-cuda/lib"
 cp bench/gpu/run.sh "$out/bench/gpu/"
-bins=(gpu_plan_test cuda_decoder_test cachegen_cuda_bench)
+bins=(gpu_plan_test schedule_parity_test cuda_decoder_test cachegen_cuda_bench)
 for b in "${bins[@]}"; do cp "$build/$b" "$out/build-cuda/"; done
 # Every resolved library but the C library's own (libc, libm, libdl, ...,
 # which must come from the target) and the driver's (libcuda).

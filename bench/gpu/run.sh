@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The CUDA decoder's checks and benchmark in one command, for a machine with
 # an NVIDIA GPU (docs/GPU.md): configures a CUDA build, builds, runs
-# gpu_plan_test (device code on the CPU), cuda_decoder_test (device output
-# bit-identical to the CPU decoder) and cachegen_cuda_bench (decode GB/s vs
-# cudaMemcpy device-to-device), and prints the figures.
+# gpu_plan_test (the plan's checks of hostile input), schedule_parity_test
+# (every decode schedule, the device among them, against the reference),
+# cuda_decoder_test (device errors per job) and cachegen_cuda_bench (decode
+# GB/s vs cudaMemcpy device-to-device), and prints the figures.
 #
 #   bench/gpu/run.sh [--build-only] [bench options, e.g. --reps 50 --bits 3]
 #
@@ -30,12 +31,12 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then
   cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DCACHEGEN_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCACHEGEN_LLAMA=OFF || exit 1
   step "build"
-  cmake --build "$build" -j "$jobs" --target gpu_plan_test cuda_decoder_test cachegen_cuda_bench || exit 1
+  cmake --build "$build" -j "$jobs" --target gpu_plan_test schedule_parity_test cuda_decoder_test cachegen_cuda_bench || exit 1
   [ "$build_only" = 1 ] && exit 0
 fi
 [ -d "$build/lib" ] && export LD_LIBRARY_PATH="$PWD/$build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
-step "gpu_plan_test (device code on the CPU vs the CPU decoder)"
+step "gpu_plan_test (the plan on hostile input; device code on the CPU)"
 "$build/gpu_plan_test" --gtest_brief=1 || exit 1
 
 step "device"
@@ -46,6 +47,9 @@ if [ "$rc" -eq 2 ]; then
   exit 2
 fi
 [ "$rc" -eq 0 ] || exit 1
+
+step "schedule_parity_test (every schedule, the device among them, vs the reference)"
+"$build/schedule_parity_test" --gtest_brief=1 || exit 1
 
 step "cuda_decoder_test (device output vs the CPU decoder)"
 "$build/cuda_decoder_test" --gtest_brief=1 || exit 1

@@ -72,13 +72,8 @@ TEST(CudaDecoder, ChangedPayloadsMatchCpuDecoder) {
   auto d = Decoder::Open(container);
   ASSERT_TRUE(d.ok());
   const std::vector<uint8_t> frame(d->Frame(0, 0)->begin(), d->Frame(0, 0)->end());
-  auto parsed = ParseFrame(frame);
-  ASSERT_TRUE(parsed.ok());
-  std::vector<EncodedSection> sections;
-  for (uint32_t i = 0; i < parsed->sections.size(); ++i) {
-    auto p = SectionPayload(*parsed, frame, i / 2, static_cast<KV>(i % 2));
-    sections.push_back({std::vector<uint8_t>(p->begin(), p->end()), parsed->sections[i].side_bytes});
-  }
+  const gpu_test::FrameParts parts = gpu_test::SplitFrame(frame);
+  const std::vector<EncodedSection>& sections = parts.sections;
   auto dec = cuda::Decoder::Create();
   ASSERT_TRUE(dec.ok());
   const gpu::OutputLayout layout = gpu::ContiguousLayout(shape, DType::kF16);
@@ -87,7 +82,7 @@ TEST(CudaDecoder, ChangedPayloadsMatchCpuDecoder) {
     for (size_t b = 0; b < sections[s].bytes.size(); ++b) {
       std::vector<EncodedSection> changed = sections;
       changed[s].bytes[b] ^= 0x5a;
-      const std::vector<uint8_t> bad = WriteFrame(parsed->header, changed);
+      const std::vector<uint8_t> bad = WriteFrame(parts.header, changed);
       KVTensor want(shape, DType::kF16);
       const Status cpu = DecodeFrame(bad, want.view(), 1);
       DeviceBytes out(gpu_test::Buffer(layout));

@@ -1,12 +1,9 @@
-// The CUDA decoder's plan and its device code run on the CPU (gpu_plan.h):
-// byte-identical to cachegen::Decoder for every case of gpu_cases.h, and
-// hostile input fails cleanly (the same inputs the CPU decoder rejects, and
-// whitelisted features only).
+// The CUDA decoder's plan (gpu_plan.h): hostile input fails cleanly (the
+// same inputs the CPU decoder rejects, and whitelisted features only), and
+// output layouts are checked. Its output on valid input is compared with the
+// reference by the parity harness (schedule_parity_test.cc), on the host and
+// on an emulated warp.
 #include <gtest/gtest.h>
-
-#include <array>
-#include <barrier>
-#include <thread>
 
 #include "codec/codec.h"
 #include "format/frame.h"
@@ -17,100 +14,7 @@ namespace {
 
 using gpu_test::GpuCase;
 
-class GpuPlanCase : public testing::TestWithParam<GpuCase> {};
-
-TEST_P(GpuPlanCase, HostRunMatchesCpuDecoder) {
-  const GpuCase& c = GetParam();
-  const std::vector<uint8_t> container = gpu_test::EncodeCase(c);
-  ASSERT_FALSE(container.empty());
-  auto d = Decoder::Open(container);
-  ASSERT_TRUE(d.ok());
-  const gpu::OutputLayout layout = gpu_test::CaseLayout(c);
-  for (uint32_t level = 0; level < d->info().levels; ++level) {
-    std::vector<uint8_t> want;
-    ASSERT_TRUE(gpu_test::ReferenceDecode(container, level, layout, &want).ok());
-    auto plan = gpu::PlanContainer(container, level, layout);
-    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
-    EXPECT_EQ(plan->output_values, c.shape.values());
-    std::vector<uint8_t> got = gpu_test::Buffer(layout);
-    Status st = gpu::RunOnHost(*plan, container, got.data(), level == 0 ? 1 : 3);
-    ASSERT_TRUE(st.ok()) << st.ToString();
-    EXPECT_EQ(gpu_test::FirstDifference(want, got), "") << "level " << level;
-  }
-}
-
-// The device's warp intrinsics on 32 CPU threads, so that gpu::WarpGroup --
-// the device's thread group -- runs here: every cooperative step (tables
-// built by 32 threads, ballot-ordered renormalisation, rows split over
-// lanes, barriers) as the device does it.
-struct EmulatedWarp {
-  struct Shared {
-    std::barrier<> barrier{gpu::kGroupThreads};
-    // Ballots alternate between two vote arrays, so one barrier per ballot
-    // suffices: ballot n + 2 reuses n's array only after every thread has
-    // passed ballot n + 1, i.e. finished reading n's.
-    std::array<std::array<uint8_t, gpu::kGroupThreads>, 2> votes{};
-  };
-  uint32_t lane_;
-  Shared* shared;
-  mutable uint32_t ballots = 0;
-  uint32_t lane() const { return lane_; }
-  void Sync() const { shared->barrier.arrive_and_wait(); }
-  uint32_t Ballot(bool v) const {
-    auto& votes = shared->votes[ballots++ & 1];
-    votes[lane_] = v;
-    shared->barrier.arrive_and_wait();
-    uint32_t mask = 0;
-    for (uint32_t k = 0; k < gpu::kGroupThreads; ++k) mask |= uint32_t{votes[k]} << k;
-    return mask;
-  }
-};
-
-Status RunEmulatedWarps(const gpu::Plan& plan, std::span<const uint8_t> input, void* dst) {
-  const gpu::Inputs in = gpu::HostInputs(plan, input, dst);
-  std::vector<float> buffer(gpu::WorkspaceBytes(plan.max_head_dim) / sizeof(float));
-  const gpu::Workspace w = gpu::CarveWorkspace(reinterpret_cast<uint8_t*>(buffer.data()), plan.max_head_dim);
-  for (const gpu::JobDesc& job : plan.jobs) {
-    EmulatedWarp::Shared shared;
-    std::array<uint32_t, gpu::kGroupThreads> codes{};
-    std::vector<std::thread> threads;
-    for (uint32_t lane = 0; lane < gpu::kGroupThreads; ++lane)
-      threads.emplace_back([&, lane] {
-        gpu::WarpGroup<EmulatedWarp> g{EmulatedWarp{lane, &shared}};
-        gpu::JobRunner<gpu::WarpGroup<EmulatedWarp>> runner(g, job, in, w);
-        codes[lane] = runner.Run();
-      });
-    for (std::thread& t : threads) t.join();
-    for (uint32_t c : codes)
-      if (c != codes[0]) return Status::Internal("the threads of a warp disagree on the outcome");
-    CG_RETURN_IF_ERROR(gpu::JobStatus(job, codes[0]));
-  }
-  return Status::Ok();
-}
-
-TEST_P(GpuPlanCase, EmulatedWarpMatchesCpuDecoder) {
-  const GpuCase& c = GetParam();
-  if (!c.emulate) GTEST_SKIP() << "too many jobs for 32 CPU threads per job; the other cases cover its code";
-  const std::vector<uint8_t> container = gpu_test::EncodeCase(c);
-  const gpu::OutputLayout layout = gpu_test::CaseLayout(c);
-  std::vector<uint8_t> want;
-  ASSERT_TRUE(gpu_test::ReferenceDecode(container, 0, layout, &want).ok());
-  auto plan = gpu::PlanContainer(container, 0, layout);
-  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
-  std::vector<uint8_t> got = gpu_test::Buffer(layout);
-  Status st = RunEmulatedWarps(*plan, container, got.data());
-  ASSERT_TRUE(st.ok()) << st.ToString();
-  EXPECT_EQ(gpu_test::FirstDifference(want, got), "");
-}
-
-INSTANTIATE_TEST_SUITE_P(Cases, GpuPlanCase, testing::ValuesIn(gpu_test::GpuCases()),
-                         [](const testing::TestParamInfo<GpuCase>& i) { return i.param.name; });
-
-// A one-chunk container's frame and its parsed sections, to rebuild with changes.
-struct FrameParts {
-  FrameHeader header;
-  std::vector<EncodedSection> sections;
-};
+using gpu_test::FrameParts;
 
 std::vector<uint8_t> SmallFrame(const CodecConfig& cfg, KVShape shape = {1, 2, 16, 24}) {
   GpuCase c{"small", shape, cfg};
@@ -121,16 +25,7 @@ std::vector<uint8_t> SmallFrame(const CodecConfig& cfg, KVShape shape = {1, 2, 1
   return std::vector<uint8_t>(f->begin(), f->end());
 }
 
-FrameParts Split(const std::vector<uint8_t>& frame) {
-  auto p = ParseFrame(frame);
-  EXPECT_TRUE(p.ok());
-  FrameParts parts{p->header, {}};
-  for (uint32_t i = 0; i < p->sections.size(); ++i) {
-    auto payload = SectionPayload(*p, frame, i / 2, static_cast<KV>(i % 2));
-    parts.sections.push_back({std::vector<uint8_t>(payload->begin(), payload->end()), p->sections[i].side_bytes});
-  }
-  return parts;
-}
+FrameParts Split(const std::vector<uint8_t>& frame) { return gpu_test::SplitFrame(frame); }
 
 std::vector<uint8_t> Join(const FrameParts& parts) { return WriteFrame(parts.header, parts.sections); }
 
