@@ -1,6 +1,9 @@
 // cachegen_cuda_bench: decode speed of the CUDA decoder on a Llama-3-8B-shaped
 // context (32 layers x 8 KV heads x 128 dims x 4096 tokens by default),
-// synthetic KV (src/kv/synthetic.h), default codec settings. Reports the
+// synthetic KV (src/kv/synthetic.h), default codec settings, or with
+// --profile the default quality path (a model profile trained as `profile
+// train` trains it, on another synthetic context of the same shape: lloyd
+// codebooks, key transforms, key channel classes, RoPE undone). Reports the
 // median kernel time over --reps runs as GB/s of f16 output, next to
 // cudaMemcpy device-to-device of the same bytes and the CPU decoder, all in
 // the same run; checks the device output against the CPU decoder's bytes.
@@ -18,6 +21,7 @@
 
 #include "cachegen/codec.h"
 #include "cachegen/cuda_decoder.h"
+#include "cachegen/profile.h"
 #include "common/parallel.h"
 #include "kv/synthetic.h"
 
@@ -32,12 +36,13 @@ struct Options {
   int reps = 20;
   bool verify = true;
   bool check_device = false;
+  bool profile = false;
 };
 
 void Usage() {
   std::printf(
       "usage: cachegen_cuda_bench [--layers N] [--heads N] [--dim N] [--tokens N] [--bits B] [--chunk T]\n"
-      "                           [--reps N] [--no-verify] [--check-device]\n"
+      "                           [--reps N] [--profile] [--no-verify] [--check-device]\n"
       "Decode GB/s (f16 output) of the CUDA decoder vs cudaMemcpy device-to-device, medians over reps.\n"
       "Exit 0 ok, 1 failure, 2 no CUDA device.\n");
 }
@@ -55,6 +60,8 @@ bool Parse(int argc, char** argv, Options* o) {
       o->verify = false;
     } else if (a == "--check-device") {
       o->check_device = true;
+    } else if (a == "--profile") {
+      o->profile = true;
     } else if (a == "--layers" && next(&v)) {
       o->shape.layers = static_cast<uint32_t>(v);
     } else if (a == "--heads" && next(&v)) {
@@ -145,6 +152,22 @@ int main(int argc, char** argv) {
   cachegen::CodecConfig cfg;  // default codec settings
   if (o.bits > 0) cfg.bits_per_value = o.bits;
   if (o.chunk > 0) cfg.chunk_tokens = o.chunk;
+  cachegen::ProfileSet profiles;
+  if (o.profile) {
+    cfg.rope.kind = cachegen::RopeConfig::Kind::kNormal;  // the synthetic keys' RoPE, undone
+    cfg.quantizer = cachegen::CodecConfig::Quantizer::kLloyd;
+    t0 = std::chrono::steady_clock::now();
+    cachegen::KVShape train_shape = shape;
+    train_shape.tokens = std::min<uint32_t>(shape.tokens, 1024);
+    auto train = cachegen::SyntheticKV(train_shape, cachegen::DType::kF16, 2);
+    if (!train.ok()) return Fail("synthetic KV", train.status());
+    const cachegen::KVView views[] = {train->view()};
+    auto p = cachegen::Profile::Train(views, cfg);
+    if (!p.ok()) return Fail("profile", p.status());
+    cfg.profile = *p;
+    profiles.Add(*p);
+    std::printf("profile (lloyd, key transforms and classes, RoPE undone): trained in %.1f s\n", Seconds(t0));
+  }
   auto enc = cachegen::Encoder::Create(cfg);
   if (!enc.ok()) return Fail("encoder", enc.status());
   t0 = std::chrono::steady_clock::now();
@@ -163,7 +186,7 @@ int main(int argc, char** argv) {
   if (!dec.ok()) return Fail("CUDA decoder", dec.status());
   t0 = std::chrono::steady_clock::now();
   const cachegen::cuda::DeviceKV view{out, cachegen::cuda::DeviceLayout::Contiguous(shape, cachegen::DType::kF16)};
-  if (Status s = (*dec)->Prepare(*container, 0, view); !s.ok()) return Fail("prepare", s);
+  if (Status s = (*dec)->Prepare(*container, 0, view, &profiles); !s.ok()) return Fail("prepare", s);
   std::printf("prepare (plan + upload): %.1f ms, plan %.2f MB\n", 1e3 * Seconds(t0), (*dec)->plan_bytes() / 1e6);
 
   std::vector<double> kernel_ms;
@@ -177,7 +200,7 @@ int main(int argc, char** argv) {
   // The CPU decoder, all cores, same container (median of a few runs).
   std::vector<double> cpu_s;
   cachegen::KVTensor cpu_out;
-  auto cpu_dec = cachegen::Decoder::Open(*container);
+  auto cpu_dec = cachegen::Decoder::Open(*container, &profiles);
   if (!cpu_dec.ok()) return Fail("CPU decoder", cpu_dec.status());
   for (int r = 0; r < 3; ++r) {
     t0 = std::chrono::steady_clock::now();

@@ -56,5 +56,8 @@ step "cuda_decoder_test (device output vs the CPU decoder)"
 
 step "cachegen_cuda_bench (Llama-3-8B shape, 4096 tokens, default codec settings)"
 "$build/cachegen_cuda_bench" "$@" || exit 1
+
+step "cachegen_cuda_bench --profile (the same with a model profile: the default quality path)"
+"$build/cachegen_cuda_bench" --profile "$@" || exit 1
 echo
 echo "all passed"

@@ -7,9 +7,10 @@
 // Built as the `cachegen_cuda` library when CMake finds a CUDA compiler
 // (option CACHEGEN_CUDA). Every header is validated on the host before the
 // device sees it; the device checks the symbol data and the first failure
-// comes back as a kCorrupt Status. Features the device code does not
-// implement (model profiles, anything newer than this decoder) are refused
-// with kUnsupported: decode those frames with cachegen::Decoder.
+// comes back as a kCorrupt Status. Frames coded with a model profile decode
+// given it (a ProfileSet, as for cachegen::Decoder). Features the device code
+// does not implement (anything newer than this decoder) are refused with
+// kUnsupported: decode those frames with cachegen::Decoder.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +20,10 @@
 
 #include "cachegen/kv.h"
 #include "cachegen/status.h"
+
+namespace cachegen {
+class ProfileSet;  // cachegen/profile.h
+}
 
 namespace cachegen::cuda {
 
@@ -55,14 +60,18 @@ class Decoder {
   Decoder& operator=(const Decoder&) = delete;
 
   // Validates the container at `level` for `out` and uploads its bytes and
-  // the decode plan; Run() then decodes it (any number of times).
-  Status Prepare(std::span<const uint8_t> container, uint32_t level, const DeviceKV& out);
+  // the decode plan (with what its frames' model profile, from `profiles`,
+  // supplies); Run() then decodes it (any number of times).
+  Status Prepare(std::span<const uint8_t> container, uint32_t level, const DeviceKV& out,
+                 const ProfileSet* profiles = nullptr);
   // The same for one frame, into tokens [dest_token, dest_token + frame tokens) of out.
-  Status PrepareFrame(std::span<const uint8_t> frame, uint32_t dest_token, const DeviceKV& out);
+  Status PrepareFrame(std::span<const uint8_t> frame, uint32_t dest_token, const DeviceKV& out,
+                      const ProfileSet* profiles = nullptr);
   // Decodes what was prepared, waits, and checks every job.
   Status Run();
   // Prepare + Run.
-  Status Decode(std::span<const uint8_t> container, uint32_t level, const DeviceKV& out);
+  Status Decode(std::span<const uint8_t> container, uint32_t level, const DeviceKV& out,
+                const ProfileSet* profiles = nullptr);
 
   // Kernel time of the last Run in milliseconds (CUDA events).
   double last_kernel_ms() const;

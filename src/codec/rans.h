@@ -190,6 +190,10 @@ struct StreamHeader {
   std::span<const uint8_t> esc, payload;
 };
 Status ParseStreamHeader(ByteReader& in, size_t n, StreamHeader* h);
+// The header of a table-form stream (modes 0, 1 and 3; mode 2 is corrupt
+// here): mode, constant, lanes, escape area and payload (no table; escape
+// and escape_used are the tables' to say).
+Status ParseTableStreamHeader(ByteReader& in, size_t n, StreamHeader* h);
 // Decodes each parsed stream into outs[k] (streams[k]->n symbols). Every
 // payload check of DecodeStream applies; the first failure is returned.
 Status DecodeParsed(std::span<ParsedStream* const> streams, std::span<uint32_t* const> outs);

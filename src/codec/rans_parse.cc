@@ -90,6 +90,16 @@ Status ParseStreamHeader(ByteReader& in, size_t n, StreamHeader* s) {
   return Status::Ok();
 }
 
+Status ParseTableStreamHeader(ByteReader& in, size_t n, StreamHeader* h) {
+  ByteReader peek = in;
+  const uint8_t mode = peek.U8();
+  if (peek.ok() && mode == kModeRans) return Corrupt("a table-form stream was expected");
+  if (!peek.ok() || mode != kModeTable) return ParseStreamHeader(in, n, h);  // modes 0, 1 and every error
+  in = peek;
+  h->mode = kModeTable;
+  return ParseLanesAndAreas(in, n, h);
+}
+
 Status ParseStream(ByteReader& in, size_t n, ParsedStream* s, TableForm form) {
   StreamHeader h;
   s->n = n;
@@ -115,18 +125,8 @@ Status ParseStreamWithTables(ByteReader& in, std::span<const DecodeTable* const>
   s->out = out.data();
   s->cycle = cycle;
   if (cycle.empty()) return Status::Internal("rANS stream: empty table cycle");
-  ByteReader peek = in;
-  const uint8_t mode = peek.U8();
-  if (peek.ok() && mode == kModeRans) return Corrupt("a table-form stream was expected");
   StreamHeader h;
-  if (!peek.ok() || mode != kModeTable) {
-    // Modes 0 and 1 (and the errors of every other).
-    CG_RETURN_IF_ERROR(ParseStreamHeader(in, s->n, &h));
-  } else {
-    in = peek;
-    h.mode = kModeTable;
-    CG_RETURN_IF_ERROR(ParseLanesAndAreas(in, s->n, &h));
-  }
+  CG_RETURN_IF_ERROR(ParseTableStreamHeader(in, s->n, &h));
   s->mode = h.mode;
   s->constant = h.constant;
   s->lanes = h.lanes;

@@ -74,7 +74,7 @@ struct Decoder::Impl {
   int device = 0;
   cudaStream_t stream = nullptr;
   cudaEvent_t start = nullptr, stop = nullptr;
-  DeviceBuffer input, jobs, freqs, sigma, rope, pages, errors;
+  DeviceBuffer input, jobs, freqs, sigma, rope, values, indices, tables, pages, errors;
   gpu::Plan plan;
   void* dst = nullptr;
   bool prepared = false;
@@ -99,12 +99,16 @@ struct Decoder::Impl {
     CG_RETURN_IF_ERROR(freqs.Upload(plan.freqs, stream));
     CG_RETURN_IF_ERROR(sigma.Upload(plan.sigma_table, stream));
     CG_RETURN_IF_ERROR(rope.Upload(plan.rope, stream));
+    CG_RETURN_IF_ERROR(values.Upload(plan.values, stream));
+    CG_RETURN_IF_ERROR(indices.Upload(plan.indices, stream));
+    CG_RETURN_IF_ERROR(tables.Upload(plan.tables, stream));
     CG_RETURN_IF_ERROR(pages.Upload(plan.pages, stream));
     CG_RETURN_IF_ERROR(errors.Reserve(plan.jobs.size() * sizeof(uint32_t)));
     // The host vectors may change once this returns.
     CG_CUDA_RETURN(cudaStreamSynchronize(stream), "upload");
     plan_bytes = plan.jobs.size() * sizeof(JobDesc) + plan.freqs.size() * 2 + plan.sigma_table.size() * 4 +
-                 plan.rope.size() * 4 + plan.pages.size() * 8;
+                 plan.rope.size() * 4 + plan.values.size() * 4 + plan.indices.size() * 4 + plan.tables.size() * 4 +
+                 plan.pages.size() * 8;
     prepared = true;
     return Status::Ok();
   }
@@ -128,6 +132,9 @@ struct Decoder::Impl {
     in.freqs = static_cast<const uint16_t*>(freqs.ptr);
     in.sigma_table = static_cast<const float*>(sigma.ptr);
     in.rope = static_cast<const float*>(rope.ptr);
+    in.values = static_cast<const float*>(values.ptr);
+    in.indices = static_cast<const uint32_t*>(indices.ptr);
+    in.tables = static_cast<const uint32_t*>(tables.ptr);
     in.pages = static_cast<const int64_t*>(pages.ptr);
     in.dst = dst;
     in.dest = plan.dest;
@@ -167,22 +174,25 @@ Result<std::unique_ptr<Decoder>> Decoder::Create(int device) {
   return std::unique_ptr<Decoder>(new Decoder(std::move(impl)));
 }
 
-Status Decoder::Prepare(std::span<const uint8_t> container, uint32_t level, const DeviceKV& out) {
+Status Decoder::Prepare(std::span<const uint8_t> container, uint32_t level, const DeviceKV& out,
+                        const ProfileSet* profiles) {
   impl_->prepared = false;
-  CG_ASSIGN_OR_RETURN(gpu::Plan plan, gpu::PlanContainer(container, level, out.layout));
+  CG_ASSIGN_OR_RETURN(gpu::Plan plan, gpu::PlanContainer(container, level, out.layout, profiles));
   return impl_->Upload(container, std::move(plan), out.data);
 }
 
-Status Decoder::PrepareFrame(std::span<const uint8_t> frame, uint32_t dest_token, const DeviceKV& out) {
+Status Decoder::PrepareFrame(std::span<const uint8_t> frame, uint32_t dest_token, const DeviceKV& out,
+                             const ProfileSet* profiles) {
   impl_->prepared = false;
-  CG_ASSIGN_OR_RETURN(gpu::Plan plan, gpu::PlanFrame(frame, dest_token, out.layout));
+  CG_ASSIGN_OR_RETURN(gpu::Plan plan, gpu::PlanFrame(frame, dest_token, out.layout, profiles));
   return impl_->Upload(frame, std::move(plan), out.data);
 }
 
 Status Decoder::Run() { return impl_->Run(); }
 
-Status Decoder::Decode(std::span<const uint8_t> container, uint32_t level, const DeviceKV& out) {
-  CG_RETURN_IF_ERROR(Prepare(container, level, out));
+Status Decoder::Decode(std::span<const uint8_t> container, uint32_t level, const DeviceKV& out,
+                       const ProfileSet* profiles) {
+  CG_RETURN_IF_ERROR(Prepare(container, level, out, profiles));
   return Run();
 }
 

@@ -1,12 +1,12 @@
 // The CUDA decoder's device code (include/cachegen/cuda_decoder.h): one warp
 // per job of the host plan (codec/cachegen/gpu_plan.h) running gpu_core.h's
-// JobRunner with its WarpGroup -- the code gpu_plan_test runs on the CPU, with
+// JobRunner with gpu_groups.h's WarpGroup -- the code schedule_parity_test runs on the CPU, with
 // one thread and with an emulated warp -- the rANS lanes of a stream on the
 // warp's threads, tables in shared memory. The host side is decoder.cc; this
 // file needs only C++17 (launch.h), for nvcc 11.8 as well as newer ones.
 #include <cuda_runtime.h>
 
-#include "codec/cachegen/gpu_core.h"
+#include "codec/cachegen/gpu_groups.h"
 #include "cuda/launch.h"
 
 namespace cachegen::cuda {

@@ -35,6 +35,7 @@
 #include "cachegen/codec.h"
 #include "cachegen/profile.h"
 #include "codec/cachegen/fused_decode.h"
+#include "codec/cachegen/gpu_groups.h"
 #include "codec/cachegen/gpu_plan.h"
 #include "codec/codec.h"
 #include "common/simd.h"
@@ -92,7 +93,8 @@ Outcome RunCpu(const Input& in, bool simd_on, bool avx512) {
 }
 
 Result<gpu::Plan> PlanOf(const Input& in) {
-  return in.frame ? gpu::PlanFrame(in.bytes, 0, in.layout) : gpu::PlanContainer(in.bytes, in.level, in.layout);
+  return in.frame ? gpu::PlanFrame(in.bytes, 0, in.layout, in.profiles)
+                  : gpu::PlanContainer(in.bytes, in.level, in.layout, in.profiles);
 }
 
 Outcome RunCudaOnHost(const Input& in) {
@@ -189,10 +191,10 @@ Outcome RunCudaDevice(const Input& in) {
   cudaMemcpy(ptr, o.out.data(), o.out.size(), cudaMemcpyHostToDevice);
   const cuda::DeviceKV kv{ptr, in.layout};
   if (in.frame) {
-    o.status = (*dec)->PrepareFrame(in.bytes, 0, kv);
+    o.status = (*dec)->PrepareFrame(in.bytes, 0, kv, in.profiles);
     if (o.status.ok()) o.status = (*dec)->Run();
   } else {
-    o.status = (*dec)->Decode(in.bytes, in.level, kv);
+    o.status = (*dec)->Decode(in.bytes, in.level, kv, in.profiles);
   }
   cudaMemcpy(o.out.data(), ptr, o.out.size(), cudaMemcpyDeviceToHost);
   cudaFree(ptr);
@@ -424,7 +426,7 @@ void CheckValidCase(const Case& c) {
                LayoutOf(c, dt), e.profiles.get()};
       const Outcome ref = RunCpu(in, false, false);
       ASSERT_TRUE(ref.status.ok()) << in.what << ": " << ref.status.ToString();
-      CheckInput(in, /*cuda_takes=*/!c.profile, /*emulate=*/first, &tally);
+      CheckInput(in, /*cuda_takes=*/true, /*emulate=*/first, &tally);
       first = false;
     }
   if (c.expect_fused && simd::Avx2()) {
@@ -499,7 +501,7 @@ TEST(ScheduleParityHostile, ChangedPayloadBytesGetTheReferenceVerdict) {
       const Input in{c.name + " variant " + std::to_string(variant), bad, true, 0,
                      gpu::ContiguousLayout(shape, DType::kF16), e.profiles.get()};
       rejected += !RunCpu(in, false, false).status.ok();
-      CheckInput(in, /*cuda_takes=*/!c.profile, /*emulate=*/variant % 8 == 0, &tally);
+      CheckInput(in, /*cuda_takes=*/true, /*emulate=*/variant % 8 == 0, &tally);
     }
     EXPECT_GT(rejected, 0) << c.name;
     PrintTally(c.name + " (hostile)", tally);

@@ -4,20 +4,26 @@
 // with the CPU decoder, so the device computes what was tested here.
 //
 // One job = one (frame, layer, K|V, head): the head's anchor and delta rANS
-// streams, its channel statistics, its rows of the exact f16 tail. A job is
+// streams, its channel statistics, its rows of the exact f16 tail; with a
+// model profile also its tables (a cycle of the profile's decode tables, one
+// per dim), its codebook levels and its head transform, which the plan
+// resolves and hands over in flat arrays (Inputs::values, indices, tables).
+// A job is
 // run by a group of threads (a warp on the device, one thread on the host):
 // the rANS lanes of a stream map to threads (lane j -> thread j), rows of
 // head_dim values are reconstructed with the threads spread over dims.
 //
 // Float operations are those of the CPU decoder, in the same order
-// (section_decoder.cc, hadamard.cc, rope.cc): a multiply then an add for each
-// dequantized value, no contraction (nvcc -fmad=false), so results are
-// bit-identical. Everything here trusts a validated plan for the layout
+// (section_decoder.cc, hadamard.cc, rope.cc, head_transform.cc): a multiply
+// then an add for each dequantized value, no contraction (nvcc -fmad=false),
+// and the head transform's explicit chain of fused multiply-adds, so results
+// are bit-identical. Everything here trusts a validated plan for the layout
 // (offsets, sizes, destination), and still checks every payload-dependent read
 // against its bounds: corrupt symbol data is reported as an error code, never
 // read past.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "codec/cachegen/section_format.h"
@@ -35,7 +41,16 @@ constexpr uint32_t kRansAlphabet = 256;
 // Stream modes (FORMAT.md "Symbol streams").
 constexpr uint8_t kStreamEmpty = 0;
 constexpr uint8_t kStreamConstant = 1;
-constexpr uint8_t kStreamRans = 2;
+constexpr uint8_t kStreamRans = 2;   // inline table (built in the workspace)
+constexpr uint8_t kStreamTable = 3;  // a cycle of a profile's tables (Inputs::tables)
+CG_HD inline bool Coded(uint8_t mode) { return mode == kStreamRans || mode == kStreamTable; }
+
+// A profile decode table in Inputs::tables: kRansSlots entries (rans.h
+// DecodeTable: symbol | (freq - 1) << 8 | (slot - cum) << 20), then its
+// escape symbol.
+constexpr uint32_t kTableWords = kRansSlots + 1;
+// An absent offset into Inputs::values.
+constexpr uint32_t kNoOffset = 0xffffffffu;
 
 // Why a job failed; 0 is success; bits 8+ name the stream (0 anchor, 1
 // delta). Messages: JobStatus (gpu_plan.cc).
@@ -56,9 +71,11 @@ struct StreamDesc {
   uint64_t esc_off = 0;      // input offset of the escape area
   uint32_t payload_words = 0;
   uint32_t esc_len = 0;
-  uint32_t table_off = 0;    // index of freq[0] in the plan's frequency array
+  uint32_t table_off = 0;    // index of freq[0] in the plan's frequency array (kStreamRans)
+  uint32_t cycle_off = 0;    // kStreamTable: index in Inputs::indices of `period` table numbers
+  uint32_t period = 0;       // symbol i takes table indices[cycle_off + i % period]
   uint32_t constant = 0;     // constant mode's value
-  uint16_t escape = 0;       // escape symbol E
+  uint16_t escape = 0;       // escape symbol E (kStreamRans; a cycle's tables carry their own)
   uint8_t mode = kStreamEmpty;
   uint8_t lanes = 0;
   uint8_t escape_used = 0;
@@ -70,6 +87,15 @@ struct JobDesc {
   uint64_t mean_off = 0;   // input offset of this head's first mean varint
   uint64_t mean_end = 0;   // end of the mean varints' bytes
   uint64_t tail_off = 0;   // input offset of the section's exact tail (f16 rows of `channels`)
+  // With a model profile (kNoOffset / 0 without): this head's channel scales
+  // then means (2 * head_dim floats in Inputs::values) instead of the
+  // payload's codes; U^T of its head transform (head_dim^2 floats); codebook
+  // levels: symbols u <= level_top reconstruct at values[indices[level_off[kind]
+  // + d] + u] steps.
+  uint32_t stats_off = kNoOffset;
+  uint32_t transform_off = kNoOffset;
+  uint32_t level_top = 0;
+  uint32_t level_off[2] = {0, 0};
   float step = 0;          // section step s
   float step_recent = 0;   // s * r, used from recent_begin on
   float hadamard_scale = 0;
@@ -103,16 +129,19 @@ struct Inputs {
   const uint16_t* freqs = nullptr;     // per-stream frequency tables
   const float* sigma_table = nullptr;  // 256 channel scales by code
   const float* rope = nullptr;         // cos/sin tables
+  const float* values = nullptr;       // profile statistics, codebook levels, head transforms
+  const uint32_t* indices = nullptr;   // table cycles and codebook level offsets
+  const uint32_t* tables = nullptr;    // profile decode tables, kTableWords each
   const int64_t* pages = nullptr;      // page element offsets
   void* dst = nullptr;
   DestDesc dest;
 };
 
 // A job group's scratch memory (shared memory on the device): head_dim floats
-// each for st, st_recent, mean, anchor, row; per stream a 4096-entry slot ->
+// each for st, st_recent, mean, anchor, row, xform; per stream a 4096-entry slot ->
 // symbol table, 256 (freq | cum << 16) entries and a ring of RingSize symbols.
 struct Workspace {
-  float *st, *st_recent, *mean, *anchor, *row;
+  float *st, *st_recent, *mean, *anchor, *row, *xform;
   uint8_t* slot_sym[2];
   uint32_t* sym_info[2];
   uint32_t* ring[2];
@@ -125,12 +154,12 @@ CG_HD inline uint32_t RingSize(uint32_t head_dim) { return head_dim + kGroupThre
 // Bytes of one group's Workspace, each piece 16-byte aligned.
 CG_HD inline uint64_t Align16(uint64_t n) { return (n + 15) & ~uint64_t{15}; }
 CG_HD inline uint64_t WorkspaceBytes(uint32_t head_dim) {
-  return 5 * Align16(4ull * head_dim) + 2 * (Align16(kRansSlots) + Align16(4ull * kRansAlphabet) +
+  return 6 * Align16(4ull * head_dim) + 2 * (Align16(kRansSlots) + Align16(4ull * kRansAlphabet) +
                                                Align16(4ull * RingSize(head_dim)));
 }
 CG_HD inline Workspace CarveWorkspace(uint8_t* base, uint32_t head_dim) {
   Workspace w;
-  float** f[5] = {&w.st, &w.st_recent, &w.mean, &w.anchor, &w.row};
+  float** f[6] = {&w.st, &w.st_recent, &w.mean, &w.anchor, &w.row, &w.xform};
   for (float** p : f) {
     *p = reinterpret_cast<float*>(base);
     base += Align16(4ull * head_dim);
@@ -198,12 +227,63 @@ CG_HD inline uint32_t RansStep(uint32_t* x, const uint8_t* slot_sym, const uint3
   return s;
 }
 
-// Reads the escape value of one escape symbol: E + the next varint.
-CG_HD inline bool ReadEscape(const uint8_t* bytes, const StreamDesc& s, uint32_t* esc_pos, uint32_t* sym) {
+// The tables a stream's symbols decode with: its inline table (built in the
+// workspace), or for a table-form stream a cycle of profile tables.
+struct StreamTables {
+  const uint8_t* slot_sym = nullptr;
+  const uint32_t* info = nullptr;
+  const uint32_t* tables = nullptr;  // Inputs::tables
+  const uint32_t* cycle = nullptr;   // table numbers, `period` of them; null: inline
+  uint32_t period = 0;
+};
+
+// The profile table symbol i of a table-form stream takes, given
+// cycle_at = i % period.
+CG_HD inline const uint32_t* CycleTable(const StreamTables& t, uint32_t cycle_at) {
+  return t.tables + uint64_t{t.cycle[cycle_at]} * kTableWords;
+}
+
+// One decode step of lane `lane` of a round that starts at cycle position
+// cycle_at; *escape receives the escape symbol of the table it used.
+CG_HD inline uint32_t StreamStep(uint32_t* x, const StreamTables& t, const StreamDesc& s, uint32_t cycle_at,
+                                 uint32_t lane, uint32_t* escape) {
+  if (!t.cycle) {
+    *escape = s.escape;
+    return RansStep(x, t.slot_sym, t.info);
+  }
+  uint32_t at = cycle_at + lane;
+  while (at >= t.period) at -= t.period;
+  const uint32_t* table = CycleTable(t, at);
+  *escape = table[kRansSlots];
+  const uint32_t e = table[*x & (kRansSlots - 1)];
+  *x = (((e >> 8) & 0xfffu) + 1) * (*x >> 12) + (e >> 20);
+  return e & 0xffu;
+}
+
+// The escape symbol of lane `lane`'s table in a round at cycle_at (any thread may ask).
+CG_HD inline uint32_t LaneEscape(const StreamTables& t, const StreamDesc& s, uint32_t cycle_at, uint32_t lane) {
+  if (!t.cycle) return s.escape;
+  uint32_t at = cycle_at + lane;
+  while (at >= t.period) at -= t.period;
+  return CycleTable(t, at)[kRansSlots];
+}
+
+// One fused multiply-add, rounded once, as std::fma (head_transform.cc).
+CG_HD inline float Fma(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+
+// Reads the escape value of one escape symbol E: E + the next varint.
+CG_HD inline bool ReadEscape(const uint8_t* bytes, const StreamDesc& s, uint32_t escape, uint32_t* esc_pos,
+                             uint32_t* sym) {
   uint64_t pos = s.esc_off + *esc_pos, d = 0;
-  if (!ReadVarint(bytes, &pos, s.esc_off + s.esc_len, &d) || d > 0xffffffffull - s.escape) return false;
+  if (!ReadVarint(bytes, &pos, s.esc_off + s.esc_len, &d) || d > 0xffffffffull - escape) return false;
   *esc_pos = static_cast<uint32_t>(pos - s.esc_off);
-  *sym = s.escape + static_cast<uint32_t>(d);
+  *sym = escape + static_cast<uint32_t>(d);
   return true;
 }
 
@@ -213,6 +293,7 @@ struct StreamPos {
   uint32_t word = 0;     // body words read
   uint32_t ring_at = 0;  // ring index of symbol `decoded`
   uint32_t esc_pos = 0;  // escape bytes read
+  uint32_t cycle_at = 0; // decoded % the stream's period (table-form streams)
 };
 
 CG_HD inline uint32_t RingWrap(uint32_t i, uint32_t ring) { return i >= ring ? i - ring : i; }
@@ -321,16 +402,16 @@ struct JobRunner {
   template <int S>
   CG_HD void Start() {
     const StreamDesc& sd = Desc<S>();
-    if (sd.mode != kStreamRans) return;
-    BuildTables(in.freqs + sd.table_off, sd.escape, w.slot_sym[S], w.sym_info[S], g.tid(), G::kThreads);
-    g.Init(Of<S>().lanes, in.bytes, sd);
+    if (sd.mode == kStreamRans)
+      BuildTables(in.freqs + sd.table_off, sd.escape, w.slot_sym[S], w.sym_info[S], g.tid(), G::kThreads);
+    if (Coded(sd.mode)) g.Init(Of<S>().lanes, in.bytes, sd);
   }
 
   // After the last row: every word, lane state and escape byte used exactly.
   template <int S>
   CG_HD uint32_t Finish() {
     const StreamDesc& sd = Desc<S>();
-    if (sd.mode != kStreamRans) return kJobOk;
+    if (!Coded(sd.mode)) return kJobOk;
     const Stream& st = Of<S>();
     const uint32_t which = uint32_t(S) << 8;  // the stream, for the message
     if (st.pos.word != BodyWords(sd)) return kJobPayloadLeft | which;
@@ -348,17 +429,21 @@ struct JobRunner {
     const StreamDesc& sd = Desc<S>();
     Stream& st = Of<S>();
     const uint32_t ring = RingSize(D);
-    if (sd.mode == kStreamRans) {
+    if (Coded(sd.mode)) {
       if (uint32_t e = DecodeRow<S>(); e != kJobOk) return e | (uint32_t(S) << 8);
       g.Sync();
     }
-    const bool row_pass = j.rotate || j.rope_pairs;  // rows finished in w.row before the store
+    // Rows finished in w.row before the store.
+    const bool row_pass = j.rotate || j.rope_pairs || j.transform_off != kNoOffset;
     const float* stt = t >= j.recent_begin ? w.st_recent : w.st;
     const float* pred = S == 0 ? w.mean : w.anchor;
     const int64_t base = RowOffset(in, j.layer, j.kv, j.dest_token + t, j.head);
+    const uint32_t* level_at = in.indices + j.level_off[S];
     for (uint32_t d = tid; d < D; d += nt) {
-      const uint32_t u = sd.mode == kStreamRans ? w.ring[S][RingWrap(st.row_at + d, ring)] : sd.constant;
-      const float v = Dequant(u, pred[d], stt[d]);
+      const uint32_t u = Coded(sd.mode) ? w.ring[S][RingWrap(st.row_at + d, ring)] : sd.constant;
+      // With a codebook, as DequantLevels: the level, else q, times the step.
+      const float v = u <= j.level_top && j.level_top ? pred[d] + in.values[level_at[d] + u] * stt[d]
+                                                       : Dequant(u, pred[d], stt[d]);
       if (S == 0) w.anchor[d] = v;
       if (row_pass) {
         w.row[d] = v;
@@ -368,7 +453,7 @@ struct JobRunner {
     }
     st.row_at = RingWrap(st.row_at + D, ring);
     g.Sync();
-    if (row_pass) FinishRow(t, base, j.rotate);
+    if (row_pass) FinishRow(t, base, true);
     return kJobOk;
   }
 
@@ -382,14 +467,20 @@ struct JobRunner {
     Stream& st = Of<S>();
     const uint64_t need = ++st.rows * uint64_t{D};
     const uint32_t ring = RingSize(D);
+    StreamTables tables{w.slot_sym[S], w.sym_info[S]};
+    if (sd.mode == kStreamTable) {
+      tables.tables = in.tables;
+      tables.cycle = in.indices + sd.cycle_off;
+      tables.period = sd.period;
+    }
     while (st.pos.decoded < need) {
       const uint64_t left = sd.n - st.pos.decoded;
       const uint32_t active = left < sd.lanes ? static_cast<uint32_t>(left) : sd.lanes;
-      if (uint32_t e = g.Round(st.lanes, st.pos, in.bytes, sd, w.slot_sym[S], w.sym_info[S], w.ring[S], ring, active);
-          e != kJobOk)
+      if (uint32_t e = g.Round(st.lanes, st.pos, in.bytes, sd, tables, w.ring[S], ring, active); e != kJobOk)
         return e;
       st.pos.decoded += active;
       st.pos.ring_at = RingWrap(st.pos.ring_at + active, ring);
+      if (tables.cycle) st.pos.cycle_at = static_cast<uint32_t>((st.pos.cycle_at + active) % sd.period);
     }
     return kJobOk;
   }
@@ -397,6 +488,16 @@ struct JobRunner {
   // Channel steps and means of this head (as ParseSectionHeader computes them).
   CG_HD uint32_t LoadStats() {
     const uint32_t D = j.head_dim, tid = g.tid(), nt = G::kThreads;
+    if (j.stats_off != kNoOffset) {  // a profile's, resolved by the plan
+      for (uint32_t d = tid; d < D; d += nt) {
+        const float sigma = in.values[j.stats_off + d];
+        w.st[d] = sigma * j.step;
+        w.st_recent[d] = sigma * j.step_recent;
+        w.mean[d] = in.values[j.stats_off + D + d];
+      }
+      g.Sync();
+      return kJobOk;
+    }
     for (uint32_t d = tid; d < D; d += nt) {
       const float sigma = in.sigma_table[in.bytes[j.sigma_off + d]];
       w.st[d] = sigma * j.step;
@@ -420,10 +521,23 @@ struct JobRunner {
   }
 
 
-  // Inverse Hadamard (quantized rows with rotation), RoPE (keys), store.
-  CG_HD void FinishRow(uint32_t t, int64_t base, bool rotate) {
+  // Quantized rows (`coded`): inverse Hadamard or head transform; then RoPE
+  // (keys) and the store.
+  CG_HD void FinishRow(uint32_t t, int64_t base, bool coded) {
     const uint32_t D = j.head_dim, tid = g.tid(), nt = G::kThreads;
-    if (rotate && D >= 2) {
+    if (coded && j.transform_off != kNoOffset) {
+      // x = U y as HeadFromCoding: per output c a chain over r in order.
+      const float* ut = in.values + j.transform_off;
+      for (uint32_t c = tid; c < D; c += nt) {
+        float acc = 0;
+        for (uint32_t r = 0; r < D; ++r) acc = Fma(ut[uint64_t{r} * D + c], w.row[r], acc);
+        w.xform[c] = acc;
+      }
+      g.Sync();
+      for (uint32_t c = tid; c < D; c += nt) w.row[c] = w.xform[c];
+      g.Sync();
+    }
+    if (coded && j.rotate && D >= 2) {
       for (uint32_t len = 1; len < D; len <<= 1) {
         HadamardStage(w.row, D, len, 2 * len == D, j.hadamard_scale, tid, nt);
         g.Sync();
@@ -453,104 +567,6 @@ struct JobRunner {
       g.Sync();
       FinishRow(t, base, false);
     }
-  }
-};
-
-// The host's thread group: one thread runs every lane, in lane order, which
-// is the order the device's ballot gives the renormalising reads.
-struct HostGroup {
-  static constexpr uint32_t kThreads = 1;
-  struct Lanes {
-    uint32_t x[kGroupThreads];
-    uint32_t n;
-  };
-  uint32_t tid() const { return 0; }
-  void Sync() const {}
-  bool Any(bool v) const { return v; }
-  void Init(Lanes& l, const uint8_t* bytes, const StreamDesc& s) const {
-    l.n = s.lanes;
-    for (uint32_t k = 0; k < s.lanes; ++k) l.x[k] = LaneState(bytes, s, k);
-  }
-  bool Final(const Lanes& l) const {
-    for (uint32_t k = 0; k < l.n; ++k)
-      if (l.x[k] != kRansL) return false;
-    return true;
-  }
-  // Symbols p.decoded .. + active (lanes 0 .. active - 1) into the ring.
-  uint32_t Round(Lanes& l, StreamPos& p, const uint8_t* bytes, const StreamDesc& s, const uint8_t* slot_sym,
-                 const uint32_t* info, uint32_t* ring, uint32_t ring_size, uint32_t active) const {
-    const uint32_t words = BodyWords(s);
-    for (uint32_t k = 0; k < active; ++k) {
-      uint32_t sym = RansStep(&l.x[k], slot_sym, info);
-      if (l.x[k] < kRansL) {
-        if (p.word >= words) return kJobPayloadShort;
-        l.x[k] = (l.x[k] << 16) | BodyWord(bytes, s, p.word++);
-      }
-      if (s.escape_used && sym == s.escape && !ReadEscape(bytes, s, &p.esc_pos, &sym)) return kJobEscapeBad;
-      ring[RingWrap(p.ring_at + k, ring_size)] = sym;
-    }
-    return kJobOk;
-  }
-};
-
-CG_HD inline uint32_t Popc(uint32_t v) {
-#if defined(__CUDA_ARCH__)
-  return __popc(v);
-#else
-  return static_cast<uint32_t>(__builtin_popcount(v));
-#endif
-}
-CG_HD inline uint32_t LowestBit(uint32_t v) {  // v != 0
-#if defined(__CUDA_ARCH__)
-  return static_cast<uint32_t>(__ffs(v) - 1);
-#else
-  return static_cast<uint32_t>(__builtin_ctz(v));
-#endif
-}
-
-// The device's thread group: one warp, over warp intrinsics W (lane(),
-// Sync(), Ballot(bool) -> mask): the device's own (src/cuda/decoder.cu) or
-// the tests' emulation on CPU threads. Lane j of a stream is thread j; the
-// renormalising reads of a round go in lane order by ballot and prefix count,
-// which is the order HostGroup reads them one by one.
-template <typename W>
-struct WarpGroup {
-  static constexpr uint32_t kThreads = kGroupThreads;
-  struct Lanes {
-    uint32_t x;
-  };
-  W warp;
-  CG_HD uint32_t tid() const { return warp.lane(); }
-  CG_HD void Sync() const { warp.Sync(); }
-  CG_HD bool Any(bool v) const { return warp.Ballot(v) != 0; }
-  CG_HD void Init(Lanes& l, const uint8_t* bytes, const StreamDesc& s) const {
-    // Threads without a lane hold L, so Final can test the whole warp.
-    l.x = tid() < s.lanes ? LaneState(bytes, s, tid()) : kRansL;
-  }
-  CG_HD bool Final(const Lanes& l) const { return warp.Ballot(l.x != kRansL) == 0; }
-  CG_HD uint32_t Round(Lanes& l, StreamPos& p, const uint8_t* bytes, const StreamDesc& s, const uint8_t* slot_sym,
-                       const uint32_t* info, uint32_t* ring, uint32_t ring_size, uint32_t active) const {
-    const uint32_t lane = tid();
-    const bool act = lane < active;
-    uint32_t sym = 0;
-    if (act) sym = RansStep(&l.x, slot_sym, info);
-    const bool need = act && l.x < kRansL;
-    const uint32_t mask = warp.Ballot(need);
-    const uint32_t count = Popc(mask);
-    if (p.word + count > BodyWords(s)) return kJobPayloadShort;  // the same in every thread
-    if (need) l.x = (l.x << 16) | BodyWord(bytes, s, p.word + Popc(mask & ((1u << lane) - 1)));
-    p.word += count;
-    if (s.escape_used) {
-      // Escape values are varints read in symbol order: every thread reads
-      // each one (uniform control flow), the owning lane keeps it.
-      for (uint32_t esc = warp.Ballot(act && sym == s.escape); esc; esc &= esc - 1) {
-        uint32_t value = 0;
-        if (!ReadEscape(bytes, s, &p.esc_pos, &value)) return kJobEscapeBad;
-        if (lane == LowestBit(esc)) sym = value;
-      }
-    }
-    if (act) ring[RingWrap(p.ring_at + lane, ring_size)] = sym;
-    return kJobOk;
   }
 };
 

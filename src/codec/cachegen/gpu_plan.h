@@ -9,11 +9,14 @@
 // the tests compare it byte for byte with cachegen::Decoder, and the CUDA
 // decoder (src/cuda/) runs the same jobs on a GPU.
 //
+// A frame coded with a model profile needs it in `profiles` (kNotFound, as on
+// the CPU); the plan resolves what the profile supplies (channel statistics,
+// decode tables, codebook levels, head transforms) into flat arrays.
+//
 // What a plan refuses with kUnsupported (a whitelist, so that features added
 // to the format later are refused until implemented here): codecs other
-// than `cachegen`, cachegen params flags other than rotation and RoPE (model
-// profile references, anything newer), section flags other than delta
-// prediction, params versions above 2.
+// than `cachegen`, cachegen params flags or section flags this decoder does
+// not know, params versions above 2.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +26,7 @@
 
 #include "cachegen/cuda_decoder.h"
 #include "cachegen/kv.h"
+#include "cachegen/profile.h"
 #include "cachegen/status.h"
 #include "codec/cachegen/gpu_core.h"
 
@@ -41,6 +45,9 @@ struct Plan {
   std::vector<uint16_t> freqs;     // frequency tables of the rANS streams
   std::vector<float> sigma_table;  // 256 scales by code (section_coder's)
   std::vector<float> rope;         // per frame with RoPE: cos[tokens][pairs], then sin
+  std::vector<float> values;       // profile statistics, codebook levels, head transforms (Inputs::values)
+  std::vector<uint32_t> indices;   // table cycles, codebook level offsets (Inputs::indices)
+  std::vector<uint32_t> tables;    // profile decode tables, kTableWords each (Inputs::tables)
   std::vector<int64_t> pages;
   DestDesc dest;
   uint32_t max_head_dim = 0;
@@ -49,9 +56,11 @@ struct Plan {
 };
 
 // Every chunk of a container at `level` into `out` (shape = the container's).
-Result<Plan> PlanContainer(std::span<const uint8_t> container, uint32_t level, const OutputLayout& out);
+Result<Plan> PlanContainer(std::span<const uint8_t> container, uint32_t level, const OutputLayout& out,
+                           const ProfileSet* profiles = nullptr);
 // One frame into tokens [dest_token, dest_token + frame tokens) of `out`.
-Result<Plan> PlanFrame(std::span<const uint8_t> frame, uint32_t dest_token, const OutputLayout& out);
+Result<Plan> PlanFrame(std::span<const uint8_t> frame, uint32_t dest_token, const OutputLayout& out,
+                       const ProfileSet* profiles = nullptr);
 
 // The error of job `job` that returned `code` (JobError plus the stream
 // number << 8), as a kCorrupt Status naming layer, K|V and head.

@@ -103,6 +103,14 @@ struct Codebook {
   size_t bytes(uint32_t channels) const;  // as stored
   // Reconstruction levels y[u], u = 0..2M, of (group, kind), in units of the step.
   void Levels(uint32_t group, uint32_t kind, float* y) const;
+  // Every (group, kind)'s levels back to back (LevelsSize floats; what the
+  // decoders dequantize with), and where channel c's levels for stream kind
+  // k start in them (a delta stream takes the anchors' without delta levels).
+  size_t LevelsSize(uint32_t channels) const { return size_t{groups(channels)} * kinds * (2 * size_t{levels} + 1); }
+  void AllLevels(uint32_t channels, float* y) const;
+  size_t LevelOffset(uint32_t kind, uint32_t channel) const {
+    return (size_t{channel / group_channels} * kinds + (kind < kinds ? kind : kinds - 1)) * (2 * size_t{levels} + 1);
+  }
 };
 
 // One quantization of a section at (step, use_delta): its symbol streams in
@@ -200,6 +208,9 @@ struct SectionHeader {
   int grid = -1;           // profile grid point, or -1
   size_t stats_begin = 0;  // offset of the channel scale codes (when present)
 };
+// Reads and validates a section's codebook (FORMAT.md "Reconstruction
+// codebook"), which follows the header when flag bit 3 is set.
+Status ReadCodebook(ByteReader& r, uint32_t channels, bool use_delta, Codebook* cb);
 // The SectionFeature bits (section_format.h) a section with this header asks
 // of a schedule that decodes it into `sink`.
 uint32_t SectionFeatures(const SectionLayout& layout, const SectionHeader& header, const SectionSink& sink);

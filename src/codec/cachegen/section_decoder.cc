@@ -104,7 +104,8 @@ void DequantLevels(const float* levels, const int32_t* offset, uint32_t top, con
   }
 }
 
-// Reads and validates a section's codebook (FORMAT.md "Reconstruction codebook").
+}  // namespace
+
 Status ReadCodebook(ByteReader& r, uint32_t channels, bool use_delta, Codebook* cb) {
   cb->levels = r.U8();
   const uint64_t g = r.Varint();
@@ -122,6 +123,8 @@ Status ReadCodebook(ByteReader& r, uint32_t channels, bool use_delta, Codebook* 
   std::memcpy(cb->offsets.data(), bytes.data(), n);
   return Status::Ok();
 }
+
+namespace {
 
 DequantFn PickDequant() {
 #if defined(__x86_64__)
@@ -348,16 +351,12 @@ Status DecodeCacheGenSection(const SectionLayout& l, std::span<const uint8_t> pa
   int32_t* level_offset = nullptr;
   if (hdr.flags & kSectionCodebook) {
     CG_RETURN_IF_ERROR(ReadCodebook(r, C, use_delta, &cb));
-    const size_t per = 2 * size_t{cb.levels} + 1;
-    levels = GrowScratch(sc.levels, size_t{cb.groups(C)} * cb.kinds * per);
-    for (uint32_t g = 0; g < cb.groups(C); ++g)
-      for (uint32_t k = 0; k < cb.kinds; ++k) cb.Levels(g, k, levels + (size_t{g} * cb.kinds + k) * per);
+    levels = GrowScratch(sc.levels, cb.LevelsSize(C));
+    cb.AllLevels(C, levels);
     level_top = 2 * cb.levels;
     level_offset = GrowScratch(sc.level_offset, size_t{2} * C);
     for (uint32_t k = 0; k < 2; ++k)
-      for (uint32_t c = 0; c < C; ++c)
-        level_offset[size_t{k} * C + c] =
-            static_cast<int32_t>((size_t{c / cb.group_channels} * cb.kinds + std::min(k, cb.kinds - 1)) * per);
+      for (uint32_t c = 0; c < C; ++c) level_offset[size_t{k} * C + c] = static_cast<int32_t>(cb.LevelOffset(k, c));
   }
   // Steps of the older and of the recent tokens (TokenStep), per channel.
   float* st = GrowScratch(sc.st, C);

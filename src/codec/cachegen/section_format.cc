@@ -20,6 +20,11 @@ void Codebook::Levels(uint32_t group, uint32_t kind, float* y) const {
   for (uint32_t u = 1; u <= 2 * levels; ++u) y[u] = static_cast<float>(UnZigZag(u)) + float(o[u - 1]) * kCodebookUnit;
 }
 
+void Codebook::AllLevels(uint32_t channels, float* y) const {
+  for (uint32_t g = 0; g < groups(channels); ++g)
+    for (uint32_t k = 0; k < kinds; ++k) Levels(g, k, y + LevelOffset(k, g * group_channels));
+}
+
 size_t Codebook::bytes(uint32_t channels) const {
   if (!levels) return 0;
   size_t varint = 1;

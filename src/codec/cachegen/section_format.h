@@ -93,10 +93,9 @@ constexpr DecodeSchedule kGenericSchedule{"generic", ~0u};
 constexpr DecodeSchedule kFusedSchedule{
     "fused-avx2", kFeatureProfileStats | kFeatureProfileTables | kFeatureChannelClasses | kFeatureCodebook |
                       kFeatureHeadTransform | kFeatureRope | kFeatureExactTail | kFeatureFinerRecent};
-// The CUDA warp schedule (gpu_core.h, planned by gpu_plan.h).
-constexpr DecodeSchedule kCudaSchedule{
-    "cuda-warp", kFeatureHadamard | kFeatureRope | kFeatureRopeSplitPairs | kFeatureOddHeadDim |
-                     kFeatureSingleTokenGroups | kFeatureOneLaneStreams | kFeatureExactTail | kFeatureFinerRecent};
+// The CUDA warp schedule (gpu_core.h, planned by gpu_plan.h): every feature
+// but strided dims (its output layouts have contiguous dims).
+constexpr DecodeSchedule kCudaSchedule{"cuda-warp", ~uint32_t{kFeatureStridedDims}};
 constexpr bool Takes(const DecodeSchedule& s, uint32_t features) { return (features & ~s.takes) == 0; }
 
 }  // namespace cachegen
