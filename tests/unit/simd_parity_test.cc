@@ -17,6 +17,7 @@
 #include "cachegen/profile.h"
 #include "codec/cachegen/fused_decode.h"
 #include "codec/cachegen/head_transform.h"
+#include "codec/cachegen/lloyd_row.h"
 #include "codec/cachegen/profile_data.h"
 #include "codec/cachegen/rope.h"
 #include "codec/cachegen/section_coder.h"
@@ -535,6 +536,51 @@ TEST_F(SimdParity, ProfileSectionsDecodeIdenticallyOnTheFusedPath) {
     }
     EXPECT_GT(fused_sections, 0) << what;
   }
+}
+
+// The lloyd quantizer's row kernel: the AVX2 form chooses the scalar form's
+// symbols, levels and reconstructions bit for bit, for every codebook size,
+// row lengths around the 8-lane blocks, values far outside the codebook,
+// zeros of both signs and exact ties between candidates (integer levels,
+// zero costs: the smaller magnitude wins).
+TEST_F(SimdParity, LloydRowMatchesScalar) {
+  std::mt19937_64 rng(17);
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  for (uint32_t M = 1; M <= kMaxCodebookLevels; ++M)
+    for (uint32_t n : {1u, 7u, 8u, 13u, 64u}) {
+      for (int variant = 0; variant < 4; ++variant) {
+        const bool ties = variant == 3;
+        std::vector<float> levels(2 * M + 1), cost(3 * (2 * M + 3));
+        levels[0] = 0;
+        for (uint32_t u = 1; u <= 2 * M; ++u)
+          levels[u] = static_cast<float>(UnZigZag(u)) + (ties ? 0.0f : 0.4f * unit(rng));
+        for (float& c : cost) c = ties ? 0.0f : 0.3f * std::abs(unit(rng));
+        std::vector<int32_t> cost_at(n);
+        for (uint32_t c = 0; c < n; ++c) cost_at[c] = static_cast<int32_t>((rng() % 3) * (2 * M + 3));
+        std::vector<float> row(n), pred(n), st(n), inv(n);
+        for (uint32_t c = 0; c < n; ++c) {
+          st[c] = 0.05f + std::abs(unit(rng));
+          inv[c] = 1.0f / st[c];
+          pred[c] = unit(rng);
+          const float steps = ties ? float(int(rng() % (2 * M + 4)) - int(M + 2)) + 0.5f
+                              : variant == 1 ? 1000.0f * unit(rng)
+                                             : float(M + 2) * unit(rng);
+          row[c] = rng() % 16 == 0 ? pred[c] : pred[c] + steps * st[c];
+          if (variant == 2 && c % 5 == 0) row[c] = -0.0f, pred[c] = 0.0f;
+        }
+        const LloydRowInput in{row.data(), pred.data(), st.data(), inv.data(), n, levels.data(), M, cost.data(),
+                               cost_at.data()};
+        std::vector<int32_t> q0(n), q1(n);
+        std::vector<float> rec0(n), rec1(n), lev0(n), lev1(n);
+        LloydRowScalar(in, q0.data(), rec0.data(), lev0.data());
+        LloydRow(in, q1.data(), rec1.data(), lev1.data());
+        const std::string at = "M " + std::to_string(M) + " n " + std::to_string(n) + " variant " +
+                               std::to_string(variant);
+        ASSERT_EQ(q0, q1) << at;
+        ASSERT_EQ(0, std::memcmp(rec0.data(), rec1.data(), n * sizeof(float))) << at;
+        ASSERT_EQ(0, std::memcmp(lev0.data(), lev1.data(), n * sizeof(float))) << at;
+      }
+    }
 }
 
 // A profile's head transforms: the AVX2 kernel (registers of 8 outputs, 4 at a

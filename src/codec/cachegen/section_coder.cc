@@ -7,6 +7,7 @@
 
 #include "codec/cachegen/hadamard.h"
 #include "codec/cachegen/head_transform.h"
+#include "codec/cachegen/lloyd_row.h"
 #include "codec/cachegen/profile_data.h"
 #include "codec/cachegen/rope.h"
 #include "codec/rans.h"
@@ -79,6 +80,13 @@ namespace {
 constexpr float kLloydLambda = 0.1155f;
 constexpr uint64_t kCodebookMinCount = 32;
 constexpr int kLloydPasses = 2;
+// Values per codebook (a head) and stream kind a full-data codebook is
+// learned on, at least (FillStreams): one token group in every
+// groups * head_dim / kLearnValues. Measured with `cachegen eval` (docs6L,
+// head dim 64: mean KL within noise of learning on every group at 1-3 bits;
+// stories260K, head dim 8, keeps every group: one in four raised its KL by
+// 20-40 % at 1.5-2 bits).
+constexpr uint32_t kLearnValues = 2048;
 
 }  // namespace
 
@@ -90,6 +98,10 @@ struct SectionAnalysis::LloydStats {
   std::vector<double> sum;     // [group][kind][2M + 1]
   std::vector<uint64_t> count;
   double distortion = 0;  // sum of squared errors in units of the step
+  // What a pass must measure beyond sums and counts (a middle pass of
+  // learning needs neither the distortion nor, with a profile's tables, the
+  // histogram).
+  bool want_distortion = true, want_hist = true;
   LloydStats(const Codebook& cb, uint32_t heads, uint32_t head_dim)
       : bins(2 * cb.levels + 3),
         hist(size_t{heads} * cb.kinds * bins),
@@ -109,48 +121,40 @@ struct SectionAnalysis::LloydStats {
   }
 };
 
-void SectionAnalysis::QuantizeRowLloyd(const Codebook& cb, const float* row, const float* pred, const float* st,
-                                       const float* inv, bool is_delta, int32_t* q, float* rec,
-                                       LloydStats* stats) const {
-  const uint32_t H = layout_.kv_heads, D = layout_.head_dim, M = cb.levels;
+void SectionAnalysis::QuantizeRowLloyd(const Codebook& cb, const LloydTables& t, const float* row, const float* pred,
+                                       const float* st, const float* inv, bool is_delta, int32_t* q, float* rec,
+                                       float* level, LloydStats* stats) const {
+  const uint32_t C = layout_.channels(), D = layout_.head_dim, M = cb.levels, G = cb.group_channels;
   const uint32_t kind = is_delta ? 1 : 0;
-  std::array<float, 2 * kMaxCodebookLevels + 1> y;
-  uint32_t y_group = ~0u;
-  auto level = [&](int32_t qq) { return uint32_t(std::abs(qq)) <= M ? y[ZigZag(qq)] : static_cast<float>(qq); };
-  for (uint32_t h = 0; h < H; ++h) {
-    for (uint32_t d = 0; d < D; ++d) {
-      const uint32_t c = h * D + d;
-      const float* cost = cb.Cost(kind, c, h, H * D);
-      const uint32_t group = c / cb.group_channels;
-      if (group != y_group) cb.Levels(y_group = group, kind, y.data());
-      const float r = row[c] - pred[c];
-      int32_t best = QuantizeValue(r, inv[c]);
-      const uint32_t a = static_cast<uint32_t>(std::abs(best));
-      if (a <= M + 1) {
-        // Nearest level by distortion plus lambda * bits, among the rounded
-        // magnitude and its two neighbours.
-        const float v = r * inv[c];
-        const int32_t sign = v < 0 ? -1 : 1;
-        float best_cost = INFINITY;
-        for (uint32_t m = a > 0 ? a - 1 : 0; m <= std::min(a + 1, M + 1); ++m) {
-          const int32_t qq = sign * int32_t(m);
-          const float e = v - level(qq);
-          const float j = e * e + cost[ZigZag(qq)];
-          if (j < best_cost) best_cost = j, best = qq;
-        }
-      }
-      q[c] = best;
-      rec[c] = pred[c] + level(best) * st[c];
-      if (stats) {
-        const float e = r * inv[c] - level(best);
-        stats->distortion += double(e) * e;
-        const uint32_t u = ZigZag(best);
-        ++stats->hist[(size_t{h} * cb.kinds + kind) * stats->bins + std::min<size_t>(u, stats->bins - 1)];
-        if (u >= 1 && u <= 2 * M) {
-          const size_t i = (size_t{group} * cb.kinds + kind) * (2 * M + 1) + u;
-          stats->sum[i] += r * inv[c];
-          ++stats->count[i];
-        }
+  for (uint32_t c0 = 0; c0 < C;) {  // runs of channels sharing a codebook
+    const uint32_t group = c0 / G, c1 = std::min(C, (group + 1) * G);
+    const LloydRowInput in{row + c0, pred + c0, st + c0, inv + c0, c1 - c0, t.levels.data() + cb.LevelOffset(kind, c0),
+                           M, cb.cost.data(), t.cost_at.data() + size_t{kind} * C + c0};
+    LloydRow(in, q + c0, rec + c0, level + c0);
+    c0 = c1;
+  }
+  if (!stats) return;
+  // What the pass saw, per head: the symbols' histogram, and per codebook
+  // group the values each symbol took (for the centroids).
+  const size_t bins = stats->bins, per_group = 2 * size_t{M} + 1;
+  if (stats->want_distortion) {
+    double distortion = stats->distortion;
+    for (uint32_t c = 0; c < C; ++c) {
+      const float e = (row[c] - pred[c]) * inv[c] - level[c];
+      distortion += double(e) * e;
+    }
+    stats->distortion = distortion;
+  }
+  for (uint32_t c0 = 0; c0 < C; c0 += D) {
+    uint64_t* hist = &stats->hist[(size_t{c0 / D} * cb.kinds + kind) * bins];
+    for (uint32_t c = c0; c < c0 + D; ++c) {
+      const uint32_t u = ZigZag(q[c]);
+      if (stats->want_hist) ++hist[std::min<size_t>(u, bins - 1)];
+      if (u - 1 < 2 * M) {  // 1 <= u <= 2M
+        const float v = (row[c] - pred[c]) * inv[c];
+        const size_t i = (size_t{c / G} * cb.kinds + kind) * per_group + u;
+        stats->sum[i] += v;
+        ++stats->count[i];
       }
     }
   }
@@ -167,8 +171,10 @@ Codebook SectionAnalysis::Learn(float step, bool use_delta, uint32_t sample_ever
   const internal::ProfileData* prof = layout_.profile;
   // (Profile training learns before its tables exist.)
   const int grid = prof && !prof->tables.empty() ? prof->GridIndex(step) : -1;
-  auto pass = [&](const Codebook& c) {
+  auto pass = [&](const Codebook& c, bool last) {
     LloydStats stats(c, H, layout_.head_dim);
+    stats.want_distortion = last;
+    stats.want_hist = last || grid < 0;
     Quantize<false>(step, use_delta, sample_every, [](bool, const uint32_t*, const float*, const float*) {}, &c,
                     &stats);
     return stats;
@@ -210,7 +216,7 @@ Codebook SectionAnalysis::Learn(float step, bool use_delta, uint32_t sample_ever
   // First pass: plain rounding (no rate term, levels at q).
   cb.offsets.assign(size_t{cb.groups(C)} * cb.kinds * 2 * cb.levels, 0);
   cb.cost.assign(size_t{H} * cb.kinds * (2 * cb.levels + 3), 0);
-  LloydStats st = pass(cb);
+  LloydStats st = pass(cb, true);
   // Magnitudes used often enough to estimate a centroid.
   uint32_t M = 1;
   for (uint32_t m = 1; m <= kMaxCodebookLevels; ++m) {
@@ -223,7 +229,7 @@ Codebook SectionAnalysis::Learn(float step, bool use_delta, uint32_t sample_ever
   const double j_uniform = st.distortion + kLloydLambda * st.EntropyBits();
   for (int it = 0; it < kLloydPasses; ++it) {
     update(cb, st);
-    st = pass(cb);
+    st = pass(cb, it + 1 == kLloydPasses);
   }
   update(cb, st);
   // Keep the codebook only when it lowers distortion + lambda * rate (side
@@ -412,8 +418,18 @@ void SectionAnalysis::Quantize(float step, bool use_delta, uint32_t sample_every
   const SectionLayout& l = layout_;
   const uint32_t C = l.channels(), tq = l.quantized_tokens();
   const uint32_t G = use_delta ? l.group_tokens : 1;
-  std::vector<float> anchor(C), st(C), inv(C), rec(kNeedRec ? C : 0), lloyd_rec(cb ? C : 0);
+  std::vector<float> anchor(C), st(C), inv(C), rec(kNeedRec ? C : 0), lloyd_rec(cb ? C : 0), level(cb ? C : 0);
   std::vector<int32_t> q(C);
+  LloydTables lloyd;
+  if (cb && cb->levels) {  // the codebook's levels, and where each channel's rate term is, per stream kind
+    lloyd.levels.resize(cb->LevelsSize(C));
+    cb->AllLevels(C, lloyd.levels.data());
+    lloyd.cost_at.resize(2 * size_t{C});
+    for (uint32_t kind = 0; kind < 2; ++kind)
+      for (uint32_t c = 0; c < C; ++c)
+        lloyd.cost_at[size_t{kind} * C + c] =
+            static_cast<int32_t>(cb->Cost(std::min(kind, cb->kinds - 1), c, c / l.head_dim, C) - cb->cost.data());
+  }
   std::vector<uint32_t> sym(C);
   float st_for = -1;
   for (uint32_t g0 = 0, gi = 0; g0 < tq; g0 += G, ++gi) {
@@ -434,7 +450,7 @@ void SectionAnalysis::Quantize(float step, bool use_delta, uint32_t sample_every
       float* out = !is_delta ? anchor.data() : kNeedRec ? rec.data() : nullptr;
       if (cb && cb->levels) {
         if (!out) out = lloyd_rec.data();
-        QuantizeRowLloyd(*cb, row, pred, st.data(), inv.data(), is_delta, q.data(), out, stats);
+        QuantizeRowLloyd(*cb, lloyd, row, pred, st.data(), inv.data(), is_delta, q.data(), out, level.data(), stats);
         for (uint32_t c = 0; c < C; ++c) sym[c] = ZigZag(q[c]);
       } else {
         QuantizeRow(row, pred, st.data(), inv.data(), C, sym.data(), out);
@@ -458,7 +474,11 @@ double SectionAnalysis::FillStreams(float step, bool use_delta, uint32_t sample_
   q->step = step;
   q->use_delta = use_delta;
   q->sample_every = sample_every;
-  q->cb = Learn(step, use_delta, sample_every);
+  // The codebook is learned on a sample of about kLearnValues values per
+  // codebook: centroids and their counts need far fewer values than a large
+  // section has, and learning takes three passes over what it reads.
+  const uint64_t learn_every = uint64_t{(tq + G - 1) / G} * D / kLearnValues;
+  q->cb = Learn(step, use_delta, sample_every > 1 ? sample_every : static_cast<uint32_t>(std::max<uint64_t>(1, learn_every)));
   q->counts.clear();  // stale once the symbols change
   // Rows of each stream kind in the sampled groups (Quantize's order).
   size_t rows[2] = {0, 0};

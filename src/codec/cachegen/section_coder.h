@@ -178,9 +178,18 @@ class SectionAnalysis {
   // The codebook Encode and the estimates use at (step, use_delta): empty
   // unless layout().lloyd; learned on one token group in `sample_every`.
   Codebook Learn(float step, bool use_delta, uint32_t sample_every) const;
-  // Quantizes one row with the codebook's levels and rate term.
-  void QuantizeRowLloyd(const Codebook& cb, const float* row, const float* pred, const float* st, const float* inv,
-                        bool is_delta, int32_t* q, float* rec, LloydStats* stats) const;
+  // A codebook in the form rows are quantized with: its levels
+  // (Codebook::AllLevels), and where each channel's rate term starts in its
+  // cost, per [kind][channel].
+  struct LloydTables {
+    std::vector<float> levels;
+    std::vector<int32_t> cost_at;
+  };
+  // Quantizes one row with the codebook's levels and rate term; level
+  // receives each value's reconstruction level in steps.
+  void QuantizeRowLloyd(const Codebook& cb, const LloydTables& t, const float* row, const float* pred,
+                        const float* st, const float* inv, bool is_delta, int32_t* q, float* rec, float* level,
+                        LloydStats* stats) const;
 
   SectionLayout layout_;
   std::span<const float> rows_;  // quantized rows [tokens][channels]: the caller's, or y_
