@@ -36,11 +36,18 @@ Result<double> TimeMedian(uint32_t reps, Fn&& fn) {
   return Median(t);
 }
 
-// zstd -3 over the input's fp16 bytes, decompressed as the reference.
+// zstd -3 over the input's fp16 bytes, compressed and decompressed as the references.
 struct ZstdRef {
   std::vector<uint8_t> frame;
+  const uint8_t* raw = nullptr;
   size_t raw_bytes = 0;
   std::vector<uint8_t>* dst = nullptr;
+  std::vector<uint8_t>* scratch = nullptr;  // ZSTD_compressBound bytes
+  Status Compress() const {
+    const size_t n = ZSTD_compress(scratch->data(), scratch->size(), raw, raw_bytes, 3);
+    if (ZSTD_isError(n)) return Status::Internal(std::string("zstd: ") + ZSTD_getErrorName(n));
+    return Status::Ok();
+  }
   Status Decompress() const {
     const size_t n = ZSTD_decompress(dst->data(), dst->size(), frame.data(), frame.size());
     if (ZSTD_isError(n) || n != raw_bytes) return Status::Internal("zstd decompress failed");
@@ -61,6 +68,7 @@ struct CodecResult {
   Quality q;
   double encode_mb_s = 0, encode_mb_s_mt = 0, decode_mb_s = 0, decode_mb_s_mt = 0, decode_vs_zstd = 0;
   double decode_vs_zstd_best = 0;  // fastest zstd rep / fastest decode rep
+  double encode_vs_zstd = 0;       // median per-rep one-thread encode speed / zstd -3 compression speed
   std::vector<ScalingPoint> scaling;  // --thread-scaling
 };
 
@@ -74,6 +82,7 @@ Status BenchOne(const KVTensor& input, const std::string& codec, const std::shar
   cfg.chunk_tokens = o.chunk_tokens;
   if (codec == "cachegen") {
     if (o.bits > 0) cfg.bits_per_value = o.bits;
+    cfg.levels = o.levels;
     cfg.rope = o.rope;
     cfg.group_tokens = o.group_tokens;
     cfg.profile = profile;
@@ -84,11 +93,21 @@ Status BenchOne(const KVTensor& input, const std::string& codec, const std::shar
   cfg.threads = o.threads;
   CG_ASSIGN_OR_RETURN(Encoder encn, Encoder::Create(cfg));
 
+  // One-thread encode, each rep right after a zstd -3 compression of the
+  // same bytes: encode_vs_zstd is the median of the per-rep ratios.
   std::vector<uint8_t> bytes;
-  CG_ASSIGN_OR_RETURN(double t_enc, TimeMedian(o.reps, [&]() -> Status {
-                        CG_ASSIGN_OR_RETURN(bytes, enc1.Encode(input.view()));
-                        return Status::Ok();
-                      }));
+  std::vector<double> t_enc_reps, enc_ratios;
+  for (uint32_t rep = 0; rep < std::max(o.reps, 1u); ++rep) {
+    CG_ASSIGN_OR_RETURN(double tz, TimeMedian(1, [&] { return zstd.Compress(); }));
+    CG_ASSIGN_OR_RETURN(double te, TimeMedian(1, [&]() -> Status {
+                          CG_ASSIGN_OR_RETURN(bytes, enc1.Encode(input.view()));
+                          return Status::Ok();
+                        }));
+    t_enc_reps.push_back(te);
+    enc_ratios.push_back(tz / te);
+  }
+  const double t_enc = Median(t_enc_reps);
+  r->encode_vs_zstd = Median(enc_ratios);
   CG_ASSIGN_OR_RETURN(double t_enc_mt, TimeMedian(o.reps, [&]() -> Status {
                         CG_ASSIGN_OR_RETURN(bytes, encn.Encode(input.view()));
                         return Status::Ok();
@@ -149,14 +168,18 @@ Status RunBench(const KVTensor& input, const std::string& input_name, const Benc
                         return Status::Ok();
                       }));
   ZstdRef zref;
+  zref.raw = static_cast<const uint8_t*>(half.data());
   zref.raw_bytes = half.size_bytes();
   zref.dst = &copy;
+  std::vector<uint8_t> zscratch(ZSTD_compressBound(half.size_bytes()));
+  zref.scratch = &zscratch;
   zref.frame.resize(ZSTD_compressBound(half.size_bytes()));
   const size_t zn = ZSTD_compress(zref.frame.data(), zref.frame.size(), half.data(), half.size_bytes(), 3);
   if (ZSTD_isError(zn)) return Status::Internal(std::string("zstd: ") + ZSTD_getErrorName(zn));
   zref.frame.resize(zn);
   CG_ASSIGN_OR_RETURN(double t_zstd, TimeMedian(reps, [&] { return zref.Decompress(); }));
-  const double memcpy_mb_s = mb / t_memcpy, zstd_mb_s = mb / t_zstd;
+  CG_ASSIGN_OR_RETURN(double t_zstd_c, TimeMedian(reps, [&] { return zref.Compress(); }));
+  const double memcpy_mb_s = mb / t_memcpy, zstd_mb_s = mb / t_zstd, zstd_c_mb_s = mb / t_zstd_c;
 
   std::vector<std::string> names = o.codecs.empty() ? CodecNames() : o.codecs;
   std::vector<CodecResult> results;
@@ -191,6 +214,7 @@ Status RunBench(const KVTensor& input, const std::string& input_name, const Benc
         c["max_err_v"] = Num(r.q.max_err_v);
         c["encode_mb_s"] = Num(r.encode_mb_s);
         c["encode_mb_s_mt"] = Num(r.encode_mb_s_mt);
+        c["encode_vs_zstd"] = Num(r.encode_vs_zstd);
         c["decode_mb_s"] = Num(r.decode_mb_s);
         c["decode_mb_s_mt"] = Num(r.decode_mb_s_mt);
         c["decode_vs_zstd"] = Num(r.decode_vs_zstd);
@@ -207,27 +231,31 @@ Status RunBench(const KVTensor& input, const std::string& input_name, const Benc
       j["codecs"].push_back(std::move(c));
     }
     j["reference"] = {{"memcpy_mb_s", Num(memcpy_mb_s)}, {"zstd_decode_mb_s", Num(zstd_mb_s)},
+                      {"zstd_compress_mb_s", Num(zstd_c_mb_s)},
                       {"zstd_bits_per_value", Num(static_cast<double>(zn) * 8.0 / static_cast<double>(s.values()))}};
     j["input"] = {{"name", input_name},       {"layers", s.layers}, {"kv_heads", s.kv_heads},
                   {"head_dim", s.head_dim},   {"tokens", s.tokens}, {"dtype", DTypeName(input.dtype())},
                   {"values", s.values()},     {"reps", reps},       {"chunk_tokens", o.chunk_tokens},
+                  {"levels", o.levels},
                   {"threads", ResolveThreads(o.threads)}};
     std::puts(j.dump(2).c_str());
   } else {
-    std::printf("input: %s (%s, %s, %.1f MB as fp16), median of %u reps, %u threads for _mt\n", input_name.c_str(),
-                s.ToString().c_str(), DTypeName(input.dtype()), mb, reps, ResolveThreads(o.threads));
-    std::printf("%-13s %6s %6s %8s %8s %9s %9s %8s %8s %9s %7s %7s\n", "codec", "bits", "ratio", "snrK_dB", "snrV_dB",
-                "maxerrK", "maxerrV", "encMB/s", "decMB/s", "decMB/smt", "vsZstd", "vsZbest");
+    std::printf("input: %s (%s, %s, %.1f MB as fp16), median of %u reps, %u threads for _mt%s\n", input_name.c_str(),
+                s.ToString().c_str(), DTypeName(input.dtype()), mb, reps, ResolveThreads(o.threads),
+                o.levels > 1 ? fmt::format(", cachegen {} levels", o.levels).c_str() : "");
+    std::printf("%-13s %6s %6s %8s %8s %9s %9s %8s %9s %6s %8s %9s %7s %7s\n", "codec", "bits", "ratio", "snrK_dB",
+                "snrV_dB", "maxerrK", "maxerrV", "encMB/s", "encMB/smt", "encVsZ", "decMB/s", "decMB/smt", "vsZstd",
+                "vsZbest");
     for (const CodecResult& r : results) {
       if (r.status != "ok") {
         std::printf("%-13s %s: %s\n", r.name.c_str(), r.status.c_str(), r.message.c_str());
         continue;
       }
       auto snr = [](double v) { return std::isfinite(v) ? fmt::format("{:.2f}", v) : std::string("exact"); };
-      std::printf("%-13s %6.3f %6.2f %8s %8s %9.4g %9.4g %8.0f %8.0f %9.0f %7.2f %7.2f\n", r.name.c_str(),
+      std::printf("%-13s %6.3f %6.2f %8s %8s %9.4g %9.4g %8.0f %9.0f %6.2f %8.0f %9.0f %7.2f %7.2f\n", r.name.c_str(),
                   r.bits_per_value, r.ratio_vs_fp16, snr(r.q.snr_db_k).c_str(), snr(r.q.snr_db_v).c_str(),
-                  r.q.max_err_k, r.q.max_err_v, r.encode_mb_s, r.decode_mb_s, r.decode_mb_s_mt, r.decode_vs_zstd,
-                  r.decode_vs_zstd_best);
+                  r.q.max_err_k, r.q.max_err_v, r.encode_mb_s, r.encode_mb_s_mt, r.encode_vs_zstd, r.decode_mb_s,
+                  r.decode_mb_s_mt, r.decode_vs_zstd, r.decode_vs_zstd_best);
     }
     for (const CodecResult& r : results) {
       if (r.status != "ok" || r.scaling.empty()) continue;
@@ -235,11 +263,12 @@ Status RunBench(const KVTensor& input, const std::string& input_name, const Benc
       for (const ScalingPoint& p : r.scaling) std::printf(" %u: %.0f MB/s (%.2fx)", p.threads, p.decode_mb_s, p.speedup);
       std::printf("\n");
     }
-    std::printf("reference: memcpy %.0f MB/s, zstd -3 decode %.0f MB/s (%.3f bits/value)\n", memcpy_mb_s, zstd_mb_s,
-                static_cast<double>(zn) * 8.0 / static_cast<double>(s.values()));
-    std::printf("MB = 1e6 bytes of fp16 output; bits include all headers and side information; vsZstd = median of\n"
-                "per-rep ratios of one-thread decode speed to a zstd decode run right before it; vsZbest = the same\n"
-                "reps' fastest zstd time over their fastest decode time\n");
+    std::printf("reference: memcpy %.0f MB/s, zstd -3 compress %.0f MB/s, decode %.0f MB/s (%.3f bits/value)\n",
+                memcpy_mb_s, zstd_c_mb_s, zstd_mb_s, static_cast<double>(zn) * 8.0 / static_cast<double>(s.values()));
+    std::printf("MB = 1e6 bytes of fp16 input/output; bits include all headers and side information; encVsZ and\n"
+                "vsZstd = medians of per-rep ratios of one-thread encode (decode) speed to a zstd -3 compression\n"
+                "(decompression) run right before it; vsZbest = the same reps' fastest zstd decode time over their\n"
+                "fastest decode time\n");
   }
   if (failed) return Status::Internal("some codecs failed (see above)");
   return Status::Ok();

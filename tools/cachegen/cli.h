@@ -147,6 +147,7 @@ struct BenchOptions {
   // (kind kNone: off), and the prediction group size (0 = default).
   RopeConfig rope;
   uint32_t group_tokens = 0;
+  uint32_t levels = 1;  // cachegen rows: quality levels encoded together (decodes read level 0)
   DType out_dtype = DType::kF16;  // what the decodes write (MB/s still count fp16 bytes)
   // A model profile: the cachegen codec also runs with it (and its quantizer),
   // as the row "cachegen+prof" right after "cachegen", in the same run.

@@ -282,6 +282,10 @@ int Main(int argc, char** argv) {
       ->check(CLI::Range(1, 10000))
       ->capture_default_str();
   bench->add_option("--chunk-tokens", bo.chunk_tokens, "Tokens per chunk")->capture_default_str();
+  bench->add_option("--levels", bo.levels, "cachegen: quality levels encoded together (encode MB/s count them all; "
+                                           "decodes read level 0)")
+      ->check(CLI::Range(1, 8))
+      ->capture_default_str();
   bench->add_option("--threads", bo.threads, "Threads for the multi-threaded numbers (0 = all)")->capture_default_str();
   bench->add_flag("--thread-scaling", bo.thread_scaling,
                   "Also measure decode MB/s at 1, 2, ..., --threads threads (speedup vs 1 thread)");

@@ -93,10 +93,18 @@ constexpr uint32_t kLearnValues = 2048;
 // What one quantization pass saw: symbol counts per (head, kind) for the rate
 // term, sums of the normalized residuals per (group, kind, symbol) for centroids.
 struct SectionAnalysis::LloydStats {
+  // A pass accumulates into kBanks copies, channel c into bank c % kBanks
+  // (consecutive values mostly take the same symbol: one copy would chain
+  // every add through memory), which Fold sums into the first.
+  static constexpr uint32_t kBanks = 4;
   size_t bins = 0;  // 2M + 3; the last bin counts every larger symbol
-  std::vector<uint64_t> hist;  // [head][kind][bins]
-  std::vector<double> sum;     // [group][kind][2M + 1]
+  std::vector<uint64_t> hist;  // [bank][head][kind][bins]
+  // [bank][group][kind][2M + 1], and one more entry per bank: symbol 0 (no
+  // level) and symbols above 2M add to an entry no reader uses (the u = 0
+  // entry of the run, or of the next run), which keeps the adds branch-free.
+  std::vector<double> sum;
   std::vector<uint64_t> count;
+  size_t hist_bank = 0, sum_bank = 0;  // entries per bank
   double distortion = 0;  // sum of squared errors in units of the step
   // What a pass must measure beyond sums and counts (a middle pass of
   // learning needs neither the distortion nor, with a profile's tables, the
@@ -104,14 +112,26 @@ struct SectionAnalysis::LloydStats {
   bool want_distortion = true, want_hist = true;
   LloydStats(const Codebook& cb, uint32_t heads, uint32_t head_dim)
       : bins(2 * cb.levels + 3),
-        hist(size_t{heads} * cb.kinds * bins),
-        sum(size_t{cb.groups(heads * head_dim)} * cb.kinds * (2 * cb.levels + 1)),
-        count(sum.size()) {}
+        hist(kBanks * size_t{heads} * cb.kinds * bins),
+        sum(kBanks * (size_t{cb.groups(heads * head_dim)} * cb.kinds * (2 * cb.levels + 1) + 1)),
+        count(sum.size()),
+        hist_bank(hist.size() / kBanks),
+        sum_bank(sum.size() / kBanks) {}
+  // Sums the banks into the first (in bank order), which readers then use.
+  void Fold() {
+    for (uint32_t b = 1; b < kBanks; ++b) {
+      for (size_t i = 0; i < hist_bank; ++i) hist[i] += hist[b * hist_bank + i];
+      for (size_t i = 0; i < sum_bank; ++i) {
+        sum[i] += sum[b * sum_bank + i];
+        count[i] += count[b * sum_bank + i];
+      }
+    }
+  }
   // Order-0 entropy of the symbols per (head, kind) stream, in bits (the
   // larger symbols share one bin: the same approximation for every pass).
   double EntropyBits() const {
     double bits = 0;
-    for (size_t s0 = 0; s0 < hist.size(); s0 += bins) {
+    for (size_t s0 = 0; s0 < hist_bank; s0 += bins) {
       uint64_t n = 0;
       for (size_t u = 0; u < bins; ++u) n += hist[s0 + u];
       for (size_t u = 0; u < bins; ++u)
@@ -145,18 +165,23 @@ void SectionAnalysis::QuantizeRowLloyd(const Codebook& cb, const LloydTables& t,
     }
     stats->distortion = distortion;
   }
-  for (uint32_t c0 = 0; c0 < C; c0 += D) {
-    uint64_t* hist = &stats->hist[(size_t{c0 / D} * cb.kinds + kind) * bins];
-    for (uint32_t c = c0; c < c0 + D; ++c) {
+  for (uint32_t c0 = 0; c0 < C;) {  // runs of channels in one head and one codebook group
+    const uint32_t h = c0 / D, g = c0 / G, c1 = std::min({C, (h + 1) * D, (g + 1) * G});
+    uint64_t* const hist = stats->hist.data() + (size_t{h} * cb.kinds + kind) * bins;
+    const size_t sum_at = (size_t{g} * cb.kinds + kind) * per_group, hist_bank = stats->hist_bank;
+    double* const sum = stats->sum.data() + sum_at;
+    uint64_t* const count = stats->count.data() + sum_at;
+    const size_t sum_bank = stats->sum_bank;
+    const bool want_hist = stats->want_hist;
+    for (uint32_t c = c0; c < c1; ++c) {
+      const size_t bank = c % LloydStats::kBanks;
       const uint32_t u = ZigZag(q[c]);
-      if (stats->want_hist) ++hist[std::min<size_t>(u, bins - 1)];
-      if (u - 1 < 2 * M) {  // 1 <= u <= 2M
-        const float v = (row[c] - pred[c]) * inv[c];
-        const size_t i = (size_t{c / G} * cb.kinds + kind) * per_group + u;
-        stats->sum[i] += v;
-        ++stats->count[i];
-      }
+      if (want_hist) ++hist[bank * hist_bank + std::min<size_t>(u, bins - 1)];
+      const size_t i = bank * sum_bank + std::min<size_t>(u, per_group);  // 1 <= u <= 2M: a level's entry
+      sum[i] += (row[c] - pred[c]) * inv[c];
+      ++count[i];
     }
+    c0 = c1;
   }
 }
 
@@ -177,6 +202,7 @@ Codebook SectionAnalysis::Learn(float step, bool use_delta, uint32_t sample_ever
     stats.want_hist = last || grid < 0;
     Quantize<false>(step, use_delta, sample_every, [](bool, const uint32_t*, const float*, const float*) {}, &c,
                     &stats);
+    stats.Fold();
     return stats;
   };
   // Offsets at the centroids and the rate term of a pass's assignment
