@@ -17,7 +17,7 @@
 #include "cachegen/profile.h"
 #include "codec/cachegen/fused_decode.h"
 #include "codec/cachegen/head_transform.h"
-#include "codec/cachegen/lloyd_row.h"
+#include "codec/cachegen/section_kernels.h"
 #include "codec/cachegen/profile_data.h"
 #include "codec/cachegen/rope.h"
 #include "codec/cachegen/section_coder.h"

@@ -49,14 +49,7 @@ Result<LlamaServeOptions> ModeOptions(const std::string& mode, double best_kl, c
   o.threads = a.threads;
   o.codec.levels = 1;
   if (mode == "default") {
-    CG_ASSIGN_OR_RETURN(engine::AutoProfile p, AutoProfileFor("bench-repeat", a.model, a.threads, false));
-    o.codec.levels = 4;  // llama-serve's
-    o.codec.profile = p.profile;
-    o.codec.quantizer = p.profile->quantizer().value_or(o.codec.quantizer);
-    o.codec.max_kl = best_kl > 0 ? best_kl : engine::DefaultBestLevelKl(*p.profile);
-    *coding = o.codec.max_kl > 0 ? fmt::format("cachegen, automatic profile, best level at predicted KL {:.3g}",
-                                               o.codec.max_kl)
-                                 : "cachegen, automatic profile, bits default";
+    CG_RETURN_IF_ERROR(UseServeDefaultCoding("bench-repeat", a.model, a.threads, best_kl, &o.codec, coding));
   } else if (mode == "bits2") {
     o.codec.levels = 4;
     *coding = "cachegen without a profile, 2 bits/value";

@@ -5,6 +5,8 @@
 
 #include <unistd.h>
 
+#include <fmt/format.h>
+
 #include "engine/llama/random_model.h"
 #include "kv/io.h"
 
@@ -63,6 +65,20 @@ Result<engine::AutoProfile> AutoProfileFor(const std::string& tool, const std::s
   o.threads = threads;
   if (!quiet) o.progress = [tool](const std::string& m) { std::fprintf(stderr, "cachegen %s: %s\n", tool.c_str(), m.c_str()); };
   return engine::AutoModelProfile(o);
+}
+
+Status UseServeDefaultCoding(const std::string& tool, const std::string& model_path, uint32_t threads, double best_kl,
+                             CodecConfig* codec, std::string* coding) {
+  CG_ASSIGN_OR_RETURN(engine::AutoProfile p, AutoProfileFor(tool, model_path, threads, false));
+  codec->levels = 4;  // llama-serve's
+  codec->profile = p.profile;
+  codec->quantizer = p.profile->quantizer().value_or(codec->quantizer);
+  codec->max_kl = best_kl > 0 ? best_kl : engine::DefaultBestLevelKl(*p.profile);
+  if (coding)
+    *coding = codec->max_kl > 0 ? fmt::format("cachegen, automatic profile, best level at predicted KL {:.3g}",
+                                              codec->max_kl)
+                                : "cachegen, automatic profile, bits default";
+  return Status::Ok();
 }
 
 Result<ModelAndText> LoadModelAndText(const std::string& tool, const std::string& model, const std::string& text) {

@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "cachegen/codec.h"
 #include "cachegen/status.h"
 #include "engine/llama/auto_profile.h"
 
@@ -38,5 +39,12 @@ Result<ModelAndText> LoadModelAndText(const std::string& tool, const std::string
 // "cachegen <tool>: " unless quiet.
 Result<engine::AutoProfile> AutoProfileFor(const std::string& tool, const std::string& model_path, uint32_t threads,
                                            bool quiet);
+
+// What llama-serve codes chunks with when given no codec options: the
+// model's automatic profile (AutoProfileFor), 4 levels, the best at
+// `best_kl` (> 0) or engine::DefaultBestLevelKl. Sets `codec` and, when
+// given, `coding` to a line saying so.
+Status UseServeDefaultCoding(const std::string& tool, const std::string& model_path, uint32_t threads, double best_kl,
+                             CodecConfig* codec, std::string* coding = nullptr);
 
 }  // namespace cachegen::cli

@@ -7,9 +7,9 @@
 
 #include "codec/cachegen/hadamard.h"
 #include "codec/cachegen/head_transform.h"
-#include "codec/cachegen/lloyd_row.h"
 #include "codec/cachegen/profile_data.h"
 #include "codec/cachegen/rope.h"
+#include "codec/cachegen/section_kernels.h"
 #include "codec/rans.h"
 #include "common/bytes.h"
 #include "common/convert.h"
@@ -268,37 +268,6 @@ Codebook SectionAnalysis::Learn(float step, bool use_delta, uint32_t sample_ever
 
 namespace {
 
-// Adds each channel's sum and sum of squares over `tokens` rows of C floats,
-// in double (means can be large against the spread). Compiled twice; the
-// AVX2 clone is chosen at run time.
-template <int kVariant>
-__attribute__((always_inline)) inline void ChannelSumsImpl(const float* y, uint32_t tokens, uint32_t C, double* sum,
-                                                           double* sum_sq) {
-  for (uint32_t t = 0; t < tokens; ++t) {
-    const float* row = y + size_t{t} * C;
-    for (uint32_t c = 0; c < C; ++c) {
-      const double v = row[c];
-      sum[c] += v;
-      sum_sq[c] += v * v;
-    }
-  }
-}
-void ChannelSumsScalar(const float* y, uint32_t tokens, uint32_t C, double* sum, double* sum_sq) {
-  ChannelSumsImpl<0>(y, tokens, C, sum, sum_sq);
-}
-#if defined(__x86_64__)
-__attribute__((target("avx2"))) void ChannelSumsAvx2(const float* y, uint32_t tokens, uint32_t C, double* sum,
-                                                     double* sum_sq) {
-  ChannelSumsImpl<1>(y, tokens, C, sum, sum_sq);
-}
-#endif
-void ChannelSums(const float* y, uint32_t tokens, uint32_t C, double* sum, double* sum_sq) {
-#if defined(__x86_64__)
-  if (simd::Avx2()) return ChannelSumsAvx2(y, tokens, C, sum, sum_sq);
-#endif
-  ChannelSumsScalar(y, tokens, C, sum, sum_sq);
-}
-
 // How far a section's data lies from a profile's statistics: per head, the
 // mean over its channels of log2(RMS of x - profile mean / profile scale),
 // each channel's term within +-kMaxChannelOctaves; the largest magnitude
@@ -324,46 +293,6 @@ double ProfileMisfitOctaves(const internal::ProfileData& prof, uint32_t section,
     worst = std::max(worst, std::abs(octaves / head_dim));
   }
   return worst;
-}
-
-// One row through the uniform quantizer: sym[c] = ZigZag(QuantizeValue(row[c]
-// - pred[c], inv[c])) and, when out is set, the reconstruction out[c] =
-// pred[c] + q * st[c] (a multiply, then an add). out may not alias the inputs.
-void QuantizeRowScalar(const float* row, const float* pred, const float* st, const float* inv, uint32_t n,
-                       uint32_t* sym, float* out) {
-  for (uint32_t c = 0; c < n; ++c) {
-    const int32_t q = QuantizeValue(row[c] - pred[c], inv[c]);
-    sym[c] = ZigZag(q);
-    if (out) out[c] = pred[c] + static_cast<float>(q) * st[c];
-  }
-}
-#if defined(__x86_64__)
-// The same 8 values at a time, bit for bit: the clamp as QuantizeValue's
-// std::min/std::max (maxps/minps with the bound first keep their NaN rule),
-// copysign as a sign-bit or, truncating conversion.
-__attribute__((target("avx2"))) void QuantizeRowAvx2(const float* row, const float* pred, const float* st,
-                                                     const float* inv, uint32_t n, uint32_t* sym, float* out) {
-  const __m256 hi = _mm256_set1_ps(float(kMaxAbsSymbol)), lo = _mm256_set1_ps(-float(kMaxAbsSymbol));
-  const __m256 sign = _mm256_set1_ps(-0.0f), half = _mm256_set1_ps(0.5f);
-  uint32_t c = 0;
-  for (; c + 8 <= n; c += 8) {
-    const __m256 p = _mm256_loadu_ps(pred + c);
-    const __m256 r = _mm256_sub_ps(_mm256_loadu_ps(row + c), p);
-    const __m256 v = _mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_mul_ps(r, _mm256_loadu_ps(inv + c))));
-    const __m256i q = _mm256_cvttps_epi32(_mm256_add_ps(v, _mm256_or_ps(_mm256_and_ps(v, sign), half)));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(sym + c),
-                        _mm256_xor_si256(_mm256_slli_epi32(q, 1), _mm256_srai_epi32(q, 31)));
-    if (out) _mm256_storeu_ps(out + c, _mm256_add_ps(p, _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_loadu_ps(st + c))));
-  }
-  QuantizeRowScalar(row + c, pred + c, st + c, inv + c, n - c, sym + c, out ? out + c : nullptr);
-}
-#endif
-void QuantizeRow(const float* row, const float* pred, const float* st, const float* inv, uint32_t n, uint32_t* sym,
-                 float* out) {
-#if defined(__x86_64__)
-  if (simd::Avx2()) return QuantizeRowAvx2(row, pred, st, inv, n, sym, out);
-#endif
-  QuantizeRowScalar(row, pred, st, inv, n, sym, out);
 }
 
 }  // namespace

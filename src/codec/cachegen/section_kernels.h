@@ -1,0 +1,45 @@
+// The section coder's row kernels, each with an AVX2 form that gives its
+// scalar form's bits (chosen at run time): channel sums of the analysis, the
+// uniform quantizer, and the lloyd quantizer's per-value choice (FORMAT.md,
+// cachegen "Encoder choices": for the channels of one row that share a
+// codebook, the level that minimises distortion plus lambda * bits among the
+// rounded magnitude and its two neighbours), which the encoder runs on every
+// row of every pass of codebook learning and of the final quantization.
+#pragma once
+
+#include <cstdint>
+
+namespace cachegen {
+
+// Adds each channel's sum and sum of squares over `tokens` rows of C floats,
+// in double (means can be large against the spread).
+void ChannelSums(const float* y, uint32_t tokens, uint32_t C, double* sum, double* sum_sq);
+
+// One row through the uniform quantizer: sym[c] = ZigZag(QuantizeValue(row[c]
+// - pred[c], inv[c])) and, when out is set, the reconstruction out[c] =
+// pred[c] + q * st[c] (a multiply, then an add). out may not alias the inputs.
+void QuantizeRow(const float* row, const float* pred, const float* st, const float* inv, uint32_t n, uint32_t* sym,
+                 float* out);
+
+struct LloydRowInput {
+  const float* row;   // values
+  const float* pred;  // their predictions (channel means or the group's anchor)
+  const float* st;    // steps
+  const float* inv;   // 1 / steps
+  uint32_t n = 0;     // channels
+  // The channels' codebook: levels[u], u = 0..2M (Codebook::Levels), M <= 16.
+  const float* levels = nullptr;
+  uint32_t M = 0;
+  // Lambda * bits of symbol u, u < 2M + 3, of channel c: cost[cost_at[c] + u].
+  const float* cost = nullptr;
+  const int32_t* cost_at = nullptr;
+};
+
+// q[c]: the chosen symbol's signed value; rec[c] = pred + level * st; level[c]:
+// the level it reconstructs at, in steps (q itself beyond M).
+void LloydRow(const LloydRowInput& in, int32_t* q, float* rec, float* level);
+
+// The scalar form (the reference; tests compare the AVX2 one with it).
+void LloydRowScalar(const LloydRowInput& in, int32_t* q, float* rec, float* level);
+
+}  // namespace cachegen
