@@ -128,6 +128,10 @@ expect_rc() {  # expect_rc CODE CMD...: CMD must exit with CODE and print one "c
 }
 head -c 100 /dev/urandom >"$tmp/junk.cgkv"
 expect_rc 1 build/cachegen inspect "$tmp/junk.cgkv"
+# a flipped payload byte (the last: the last frame's last section): inspect verifies every section checksum
+python3 -c 'import sys; b=bytearray(open(sys.argv[1],"rb").read()); b[-1]^=0x40; open(sys.argv[2],"wb").write(b)' \
+  "$tmp/a.cgkv" "$tmp/flipped.cgkv"
+expect_rc 1 build/cachegen inspect "$tmp/flipped.cgkv"
 expect_rc 1 build/cachegen decode "$tmp/junk.cgkv" -o "$tmp/x.npy"
 expect_rc 1 build/cachegen encode "$tmp/missing.npy" -o "$tmp/x.cgkv"
 expect_rc 1 build/cachegen encode synthetic:1,2 -o "$tmp/x.cgkv"

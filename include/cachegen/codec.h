@@ -188,8 +188,12 @@ struct FrameInfo {
 };
 
 // Validates a frame's header and returns its facts (payload checksums are
-// verified on decode).
+// verified on decode, or by VerifyFrame).
 Result<FrameInfo> InspectFrame(std::span<const uint8_t> frame);
+// InspectFrame, and every section payload against its checksum, without
+// decoding: kCorrupt names the first damaged section. What a store or a
+// tool checks before it keeps or vouches for a frame.
+Result<FrameInfo> VerifyFrame(std::span<const uint8_t> frame);
 // Decodes a whole frame into `out` (shape must equal the frame's shape; any
 // dtype). A frame coded with a model profile needs it in `profiles` (null: no
 // profiles; such a frame then fails with kNotFound).

@@ -83,6 +83,14 @@ Result<FrameInfo> InspectFrame(std::span<const uint8_t> frame) {
   return info;
 }
 
+Result<FrameInfo> VerifyFrame(std::span<const uint8_t> frame) {
+  CG_ASSIGN_OR_RETURN(FrameInfo info, InspectFrame(frame));
+  CG_ASSIGN_OR_RETURN(ParsedFrame p, ParseFrame(frame));
+  for (uint32_t layer = 0; layer < p.header.shape.layers; ++layer)
+    for (KV kv : {KV::kKey, KV::kValue}) CG_RETURN_IF_ERROR(SectionPayload(p, frame, layer, kv).status());
+  return info;
+}
+
 Status DecodeFrame(std::span<const uint8_t> frame, const KVView& out, uint32_t threads,
                    const ProfileSet* profiles) {
   CG_ASSIGN_OR_RETURN(ParsedFrame p, ParseFrame(frame));

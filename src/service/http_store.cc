@@ -129,7 +129,7 @@ class HttpStore final : public ChunkStore, public PrefixLookupProvider, public P
       return HttpError(x.answer);
     }
     std::vector<uint8_t> bytes = std::move(x.answer.body());
-    Result<FrameInfo> info = InspectFrame(bytes);
+    Result<FrameInfo> info = VerifyFrame(bytes);
     if (!info.ok() || info->level != level || info->bytes != bytes.size()) {
       misses_++;
       corrupt_++;

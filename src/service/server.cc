@@ -268,7 +268,7 @@ class HttpService final : public Service {
     uint32_t level = 0;
     if (!ParseChunkPath(key_text, level_text, r, &key, &level)) return;
     const std::span<const uint8_t> body(req.body().data(), req.body().size());
-    Result<FrameInfo> info = InspectFrame(body);
+    Result<FrameInfo> info = VerifyFrame(body);
     if (!info.ok()) return Error(r, 400, "body is not a valid frame: " + info.status().message());
     if (info->level != level)
       return Error(r, 400, "frame is level " + std::to_string(info->level) + ", path says " + std::to_string(level));

@@ -90,6 +90,7 @@ TEST_P(Corruption, EveryFrameFlipFails) {
     bad[i] ^= 0x10;
     // Header bytes fail InspectFrame; payload bytes fail DecodeFrame and the layer decode.
     auto inspected = InspectFrame(bad);
+    EXPECT_FALSE(VerifyFrame(bad).ok()) << "byte " << i;  // every byte is covered by a checksum
     if (inspected.ok()) {
       EXPECT_GE(i, inspected->header_bytes);
       EXPECT_FALSE(DecodeFrame(bad, out.view(), 2).ok()) << "byte " << i;

@@ -145,6 +145,9 @@ TEST_P(ServiceTest, BadKeysLevelsAndBodiesAre4xxAndStoreNothing) {
   auto truncated = frame;
   truncated.resize(frame.size() / 2);
   EXPECT_EQ(StatusOf(Put(kPath, truncated, auth)), 400);
+  auto damaged = frame;  // a section payload byte: the header is intact, the section's checksum is not
+  damaged.back() ^= 0x40;
+  EXPECT_EQ(StatusOf(Put(kPath, damaged, auth)), 400);
   for (uint32_t l = 0; l < kMaxChunkLevels; ++l) EXPECT_FALSE(store_->Size(kKey, l).ok()) << l;
   // Unknown endpoints; a method the path does not take.
   EXPECT_EQ(StatusOf(RawRequest(port(), "GET /v2/x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")), 404);

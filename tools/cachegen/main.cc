@@ -152,7 +152,7 @@ int RunInspect(const std::string& path, bool json) {
     for (uint32_t l = 0; l < info.levels; ++l) {
       Result<std::span<const uint8_t>> frame = dec->Frame(c, l);
       if (!frame.ok()) return Fail(frame.status());
-      Result<FrameInfo> fi = InspectFrame(*frame);
+      Result<FrameInfo> fi = VerifyFrame(*frame);
       if (!fi.ok()) return Fail(Status::Corrupt("chunk " + std::to_string(c) + " level " + std::to_string(l) + ": " +
                                                 fi.status().message()));
       const double sec_values = row_values * fi->shape.tokens;
@@ -265,7 +265,8 @@ int Main(int argc, char** argv) {
 
   std::string inspect_path;
   bool inspect_json = false;
-  CLI::App* ins = app.add_subcommand("inspect", "Show a container's header, chunks, levels and per-layer bits");
+  CLI::App* ins = app.add_subcommand(
+      "inspect", "Show a container's header, chunks, levels and per-layer bits (verifies every checksum; decodes nothing)");
   ins->add_option("input", inspect_path, "Container (.cgkv)")->required();
   ins->add_flag("--json", inspect_json, "Print JSON");
 
