@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -140,7 +141,7 @@ const bool kRegistered = RegisterCommand(53, [](CLI::App& root) -> CommandRunner
       ->check(CLI::Range(256u, 1u << 20));
   sub->add_option("--threads", a->threads, "llama.cpp threads (0: its default)")->capture_default_str();
   sub->add_flag("--json", a->json, "Print one JSON object");
-  return [a] { return RunBenchStore(*a); };
+  return [sub, a] { return *sub ? std::optional<int>(RunBenchStore(*a)) : std::nullopt; };
 });
 
 }  // namespace
