@@ -237,10 +237,12 @@ struct StreamTables {
   uint32_t period = 0;
 };
 
-// The profile table symbol i of a table-form stream takes, given
-// cycle_at = i % period.
-CG_HD inline const uint32_t* CycleTable(const StreamTables& t, uint32_t cycle_at) {
-  return t.tables + uint64_t{t.cycle[cycle_at]} * kTableWords;
+// The profile table lane `lane` of a table-form stream's round takes, the
+// round starting at cycle position cycle_at (< period).
+CG_HD inline const uint32_t* CycleTable(const StreamTables& t, uint32_t cycle_at, uint32_t lane) {
+  uint32_t at = cycle_at + lane;
+  while (at >= t.period) at -= t.period;
+  return t.tables + uint64_t{t.cycle[at]} * kTableWords;
 }
 
 // One decode step of lane `lane` of a round that starts at cycle position
@@ -251,9 +253,7 @@ CG_HD inline uint32_t StreamStep(uint32_t* x, const StreamTables& t, const Strea
     *escape = s.escape;
     return RansStep(x, t.slot_sym, t.info);
   }
-  uint32_t at = cycle_at + lane;
-  while (at >= t.period) at -= t.period;
-  const uint32_t* table = CycleTable(t, at);
+  const uint32_t* table = CycleTable(t, cycle_at, lane);
   *escape = table[kRansSlots];
   const uint32_t e = table[*x & (kRansSlots - 1)];
   *x = (((e >> 8) & 0xfffu) + 1) * (*x >> 12) + (e >> 20);
@@ -262,10 +262,7 @@ CG_HD inline uint32_t StreamStep(uint32_t* x, const StreamTables& t, const Strea
 
 // The escape symbol of lane `lane`'s table in a round at cycle_at (any thread may ask).
 CG_HD inline uint32_t LaneEscape(const StreamTables& t, const StreamDesc& s, uint32_t cycle_at, uint32_t lane) {
-  if (!t.cycle) return s.escape;
-  uint32_t at = cycle_at + lane;
-  while (at >= t.period) at -= t.period;
-  return CycleTable(t, at)[kRansSlots];
+  return t.cycle ? CycleTable(t, cycle_at, lane)[kRansSlots] : s.escape;
 }
 
 // One fused multiply-add, rounded once, as std::fma (head_transform.cc).
