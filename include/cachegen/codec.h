@@ -11,12 +11,14 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "cachegen/kv.h"
 #include "cachegen/status.h"
+#include "cachegen/store.h"
 
 namespace cachegen {
 
@@ -180,6 +182,9 @@ struct FrameInfo {
   uint32_t level = 0;
   uint32_t token_start = 0;
   uint32_t context_tokens = 0;
+  // The chunk key the frame is bound to (format version 2, BindFrame); unset
+  // for a frame of a container, or one not stored under a key.
+  std::optional<ChunkKey> chunk_key;
   uint64_t bytes = 0;
   uint64_t header_bytes = 0;
   uint64_t side_bytes = 0;
@@ -194,6 +199,12 @@ Result<FrameInfo> InspectFrame(std::span<const uint8_t> frame);
 // decoding: kCorrupt names the first damaged section. What a store or a
 // tool checks before it keeps or vouches for a frame.
 Result<FrameInfo> VerifyFrame(std::span<const uint8_t> frame);
+// The same frame bound to the chunk key it is stored under (format version
+// 2): a reader that fetched it as chunk `key` can tell it from a frame stored
+// under the wrong key. Section payloads are unchanged; kCorrupt when `frame`
+// does not parse. Every put path (PutContext, PutContainer, `cachegen store
+// put`) binds; the chunk service refuses frames bound to another key.
+Result<std::vector<uint8_t>> BindFrameToChunk(std::span<const uint8_t> frame, const ChunkKey& key);
 // Decodes a whole frame into `out` (shape must equal the frame's shape; any
 // dtype). A frame coded with a model profile needs it in `profiles` (null: no
 // profiles; such a frame then fails with kNotFound).

@@ -70,6 +70,13 @@ std::vector<CachedChunk> LookupPrefix(ChunkStore& store, std::span<const ChunkKe
 // commas (a tokens file). InvalidArgument names the first bad entry.
 Result<std::vector<TokenId>> ParseTokenIds(std::string_view text);
 
+// VerifyFrame, and the frame proves it is the chunk it was fetched as: bound
+// to `key` (BindFrameToChunk), at `level`, holding tokens [token_start,
+// token_start + tokens). kCorrupt names the first mismatch; a reader counts
+// such a frame as a miss (StreamClient does, and tries another level).
+Result<FrameInfo> FrameIsChunk(std::span<const uint8_t> frame, const ChunkKey& key, uint32_t level,
+                               uint32_t token_start, uint32_t tokens);
+
 struct PutStats {
   uint32_t chunks = 0;          // chunks of the context
   uint32_t chunks_stored = 0;   // chunks encoded and written now

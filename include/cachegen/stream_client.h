@@ -61,6 +61,9 @@ struct StreamOptions {
   uint32_t levels = kMaxChunkLevels;   // levels to look up per chunk
   uint32_t decode_threads = 1;
   DType dtype = DType::kF16;           // dtype of the delivered tensors
+  // The shape every chunk must have (tokens ignored): a frame of another
+  // shape is a miss. Zero layers: the first frame taken sets it.
+  KVShape shape;
   // The model profiles chunk frames may reference (DecodeFrame); null: none.
   std::shared_ptr<const ProfileSet> profiles;
   // Once *cancel is true the fetch ends within a tick (2 ms), or when the
@@ -99,6 +102,11 @@ struct StreamResult {
   uint64_t abandoned_bytes = 0;  // bytes those had received (moved over the link, not delivered)
   uint32_t backups = 0;          // backup requests (hedging: a chunk's coarsest level, next to its planned one)
   uint32_t from_backup = 0;      // chunks delivered from their backup
+  // Frames that arrived but did not prove to be their chunk (FrameIsChunk:
+  // damaged, misplaced, unbound, another token range or shape): misses.
+  uint32_t rejected = 0;
+  // Requests for another stored level of a chunk whose frame failed.
+  uint32_t fallbacks = 0;
   // Decoder time lost per byte received, as the planner used it last
   // (LevelPlanner::ReceiveCost; 0 with several decode threads: not measured).
   double receive_cost_ns_per_byte = 0;

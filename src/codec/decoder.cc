@@ -68,7 +68,8 @@ Result<FrameInfo> InspectFrame(std::span<const uint8_t> frame) {
   CG_ASSIGN_OR_RETURN(const Codec* codec, FrameCodec(static_cast<uint8_t>(p.header.codec), p.header.params));
   FrameInfo info;
   info.codec = std::string(codec->name());
-  info.format_version = kFormatVersion;
+  info.format_version = p.header.chunk_key ? kFormatVersion : kUnboundFormatVersion;
+  info.chunk_key = p.header.chunk_key;
   info.dtype = p.header.dtype;
   info.shape = p.header.shape;
   info.level = p.header.level;
@@ -89,6 +90,10 @@ Result<FrameInfo> VerifyFrame(std::span<const uint8_t> frame) {
   for (uint32_t layer = 0; layer < p.header.shape.layers; ++layer)
     for (KV kv : {KV::kKey, KV::kValue}) CG_RETURN_IF_ERROR(SectionPayload(p, frame, layer, kv).status());
   return info;
+}
+
+Result<std::vector<uint8_t>> BindFrameToChunk(std::span<const uint8_t> frame, const ChunkKey& key) {
+  return BindFrame(frame, key);
 }
 
 Status DecodeFrame(std::span<const uint8_t> frame, const KVView& out, uint32_t threads,

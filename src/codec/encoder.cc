@@ -219,7 +219,7 @@ Result<std::vector<uint8_t>> Encoder::Encode(const KVView& kv, EncodeStats* stat
     if (f.size() != levels) return Status::Internal("chunks were encoded at different level counts");
 
   ContainerInfo info;
-  info.format_version = kFormatVersion;
+  info.format_version = kContainerFormatVersion;
   info.codec = config_.codec;
   info.dtype = kv.dtype();
   info.shape = shape;

@@ -39,7 +39,7 @@ std::vector<uint8_t> WriteContainer(const ContainerInfo& info,
   const uint32_t magic = kContainerMagic;
   std::memcpy(out.data(), &magic, 4);
   ByteWriter w(&out);
-  w.U16(kFormatVersion);
+  w.U16(kContainerFormatVersion);
   w.U16(0);
   w.U8(codec.ok() ? static_cast<uint8_t>((*codec)->id()) : 0);
   w.U8(static_cast<uint8_t>(info.dtype));
@@ -78,9 +78,9 @@ Result<ContainerInfo> ParseContainer(std::span<const uint8_t> bytes) {
   const uint16_t version = r.U16();
   if (!r.ok()) return Status::Corrupt("truncated container header");
   if (version == 0) return Status::Corrupt("container format version 0 is invalid");
-  if (version > kFormatVersion)
+  if (version > kContainerFormatVersion)
     return Status::Unsupported("container format version " + std::to_string(version) +
-                               " is newer than the supported version " + std::to_string(kFormatVersion));
+                               " is newer than the supported version " + std::to_string(kContainerFormatVersion));
   ContainerInfo info;
   info.format_version = version;
   const uint16_t flags = r.U16();

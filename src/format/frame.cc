@@ -23,20 +23,25 @@ const char* KVName(KV kv) { return kv == KV::kKey ? "K" : "V"; }
 
 }  // namespace
 
-std::vector<uint8_t> WriteFrame(const FrameHeader& header, std::span<const EncodedSection> sections) {
+namespace {
+
+// The header of a frame (everything before its first section payload), for
+// sections of the given sizes, side bytes and checksums in table order.
+std::vector<uint8_t> WriteHeader(const FrameHeader& header, std::span<const SectionEntry> sections,
+                                 uint64_t payload_bytes) {
   assert(sections.size() == 2 * uint64_t{header.shape.layers});
   assert(header.params.size() <= kMaxParamsBytes);
-  uint64_t total = kFixedBytes + header.params.size() + sections.size() * kSectionEntryBytes + 8;
-  for (const EncodedSection& s : sections) total += s.bytes.size();
+  const uint64_t key_bytes = header.chunk_key ? sizeof(ChunkKey::bytes) : 0;
+  const uint64_t header_bytes = kFixedBytes + key_bytes + header.params.size() + sections.size() * kSectionEntryBytes + 8;
   std::vector<uint8_t> out;
-  out.reserve(total);
+  out.reserve(header_bytes + payload_bytes);
   // The magic is stored by resize + memcpy: GCC 12 misreports (-Wstringop-overflow)
   // a range insert into a still-empty vector.
   out.resize(4);
   const uint32_t magic = kFrameMagic;
   std::memcpy(out.data(), &magic, 4);
   ByteWriter w(&out);
-  w.U16(kFormatVersion);
+  w.U16(header.chunk_key ? kFormatVersion : kUnboundFormatVersion);
   w.U16(0);  // flags
   w.U8(static_cast<uint8_t>(header.codec));
   w.U8(static_cast<uint8_t>(header.dtype));
@@ -49,20 +54,43 @@ std::vector<uint8_t> WriteFrame(const FrameHeader& header, std::span<const Encod
   w.U32(header.token_start);
   w.U32(header.context_tokens);
   w.U32(static_cast<uint32_t>(header.params.size()));
+  if (header.chunk_key) w.Bytes(header.chunk_key->bytes);
   w.Bytes(header.params);
-  const uint64_t header_bytes = out.size() + sections.size() * kSectionEntryBytes + 8;
   uint64_t offset = header_bytes;
-  for (const EncodedSection& s : sections) {
-    assert(s.bytes.size() <= UINT32_MAX && s.side_bytes <= s.bytes.size());
+  for (const SectionEntry& s : sections) {
     w.U64(offset);
-    w.U32(static_cast<uint32_t>(s.bytes.size()));
+    w.U32(s.size);
     w.U32(s.side_bytes);
-    w.U64(Checksum64(s.bytes));
-    offset += s.bytes.size();
+    w.U64(s.checksum);
+    offset += s.size;
   }
   w.U64(Checksum64(out));
   assert(out.size() == header_bytes);
-  for (const EncodedSection& s : sections) w.Bytes(s.bytes);
+  return out;
+}
+
+}  // namespace
+
+std::vector<uint8_t> WriteFrame(const FrameHeader& header, std::span<const EncodedSection> sections) {
+  std::vector<SectionEntry> entries(sections.size());
+  uint64_t payload_bytes = 0;
+  for (size_t i = 0; i < sections.size(); ++i) {
+    const EncodedSection& s = sections[i];
+    assert(s.bytes.size() <= UINT32_MAX && s.side_bytes <= s.bytes.size());
+    entries[i] = {0, static_cast<uint32_t>(s.bytes.size()), s.side_bytes, Checksum64(s.bytes)};
+    payload_bytes += s.bytes.size();
+  }
+  std::vector<uint8_t> out = WriteHeader(header, entries, payload_bytes);
+  for (const EncodedSection& s : sections) out.insert(out.end(), s.bytes.begin(), s.bytes.end());
+  return out;
+}
+
+Result<std::vector<uint8_t>> BindFrame(std::span<const uint8_t> frame, const ChunkKey& key) {
+  CG_ASSIGN_OR_RETURN(ParsedFrame p, ParseFrame(frame));
+  p.header.chunk_key = key;
+  const std::span<const uint8_t> payloads = frame.subspan(p.header_bytes);
+  std::vector<uint8_t> out = WriteHeader(p.header, p.sections, payloads.size());
+  out.insert(out.end(), payloads.begin(), payloads.end());
   return out;
 }
 
@@ -90,6 +118,12 @@ Result<ParsedFrame> ParseFrame(std::span<const uint8_t> frame) {
   h.token_start = r.U32();
   h.context_tokens = r.U32();
   const uint32_t params_len = r.U32();
+  if (version >= 2) {
+    ChunkKey key;
+    const auto bytes = r.Bytes(key.bytes.size());
+    if (r.ok()) std::memcpy(key.bytes.data(), bytes.data(), key.bytes.size());
+    h.chunk_key = key;
+  }
   if (!r.ok()) return Status::Corrupt("truncated frame header");
   // Bound every size before it drives a read or an allocation.
   if (params_len > kMaxParamsBytes)

@@ -5,17 +5,24 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
 #include "cachegen/kv.h"
 #include "cachegen/status.h"
+#include "cachegen/store.h"
 #include "codec/codec.h"
 
 namespace cachegen {
 
 constexpr uint32_t kFrameMagic = 0x464b4743;  // "CGKF" little-endian
-constexpr uint16_t kFormatVersion = 1;
+// Version 2 adds the chunk key a frame is bound to (BindFrame); frames not
+// bound to a key are still written as version 1, byte for byte as before.
+constexpr uint16_t kFormatVersion = 2;
+constexpr uint16_t kUnboundFormatVersion = 1;
+// Containers (.cgkv) are format version 1; their frames are unbound.
+constexpr uint16_t kContainerFormatVersion = 1;
 
 struct FrameHeader {
   CodecId codec = CodecId::kFp16;
@@ -25,6 +32,9 @@ struct FrameHeader {
   uint32_t token_start = 0;
   uint32_t context_tokens = 0;
   std::vector<uint8_t> params;
+  // The chunk this frame was stored as (format version 2); unset: version 1,
+  // a frame of a container or not yet stored.
+  std::optional<ChunkKey> chunk_key;
 };
 
 struct SectionEntry {
@@ -42,6 +52,10 @@ struct ParsedFrame {
 
 // Serializes a frame. sections.size() must be 2 * header.shape.layers.
 std::vector<uint8_t> WriteFrame(const FrameHeader& header, std::span<const EncodedSection> sections);
+
+// The same frame bound to `key`: its header rewritten as version 2 with the
+// key (replacing any key it had), its section payloads unchanged.
+Result<std::vector<uint8_t>> BindFrame(std::span<const uint8_t> frame, const ChunkKey& key);
 
 // Validates magic, version, header checksum, shape limits and that every
 // section lies inside the frame, in order, without overlap, and that the frame

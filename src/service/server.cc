@@ -273,6 +273,11 @@ class HttpService final : public Service {
     if (info->level != level)
       return Error(r, 400, "frame is level " + std::to_string(info->level) + ", path says " + std::to_string(level));
     if (info->bytes != body.size()) return Error(r, 400, "body has bytes after the frame");
+    // A frame proves which chunk it is (BindFrameToChunk): one bound to
+    // another key, or to none, would be served as this chunk.
+    if (!info->chunk_key) return Error(r, 400, "frame is not bound to a chunk key (format version 1)");
+    if (*info->chunk_key != key)
+      return Error(r, 400, "frame is bound to chunk " + info->chunk_key->Hex() + ", path says " + key.Hex());
     Status st = store_->Put(key, level, body);
     if (!st.ok()) return StoreError(r, st, false);
     r.status = 201;

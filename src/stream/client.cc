@@ -458,6 +458,7 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
   std::vector<std::optional<Done>> ready(n);
   std::vector<bool> skipped(n, false);  // recompute chosen at issue time, or failed
   std::vector<int> issued_level(n, -1);
+  std::vector<uint32_t> tried(n, 0);  // levels requested, a bit each (untried_level)
   std::vector<bool> reissued(n, false);
   std::vector<std::shared_ptr<Ticket>> flight;  // requests outstanding, in chunk order
   // Backups (hedging, LevelPlanner): at most one per chunk, its coarsest
@@ -482,6 +483,7 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
     if (!issued_any) first_issue = Clock::now();  // the estimator's origin (RateEstimator::Observe)
     issued_any = true;
     issued_level[c] = level;
+    tried[c] |= 1u << level;
     return fetcher.Issue(c, static_cast<uint32_t>(level));
   };
   // The link's rate from the bytes arrived so far, then the planner's view of
@@ -640,11 +642,52 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
       ++next_issue;
     }
   };
+  // Where chunk c starts in the context: the key chain starts at token 0.
+  std::vector<uint32_t> chunk_start(n, 0);
+  for (uint32_t i = 1; i < n; ++i) chunk_start[i] = chunk_start[i - 1] + chunk_tokens[i - 1];
+  // The first frame taken fixes what every other frame of the context must
+  // be coded like (with options.shape, that shape from the start).
+  std::optional<FrameInfo> like;
+  // A frame arrived must prove it is chunk c at `level` (FrameIsChunk);
+  // one that does not is a miss, never data.
+  auto check_frame = [&](Done& d) {
+    if (!d.frame.ok()) return;
+    const uint32_t c = d.ticket->chunk;
+    Result<FrameInfo> info = FrameIsChunk(**d.frame, keys[c], d.ticket->level, chunk_start[c], chunk_tokens[c]);
+    if (info.ok()) {
+      KVShape want = options.shape;
+      if (like) want = like->shape;
+      want.tokens = info->shape.tokens;
+      if (want.layers != 0 && !(info->shape == want))
+        info = Status::Corrupt("frame shape " + info->shape.ToString() + ", the context's is " + want.ToString());
+      else if (like && (info->codec != like->codec || info->dtype != like->dtype))
+        info = Status::Corrupt("frame coded as " + info->codec + " from " + DTypeName(info->dtype) +
+                               ", the context's frames as " + like->codec + " from " + DTypeName(like->dtype));
+    }
+    if (!info.ok()) {
+      ++result.rejected;
+      d.frame = info.status();
+      return;
+    }
+    if (!like) like = std::move(info).value();
+  };
+  // Levels requested per chunk (a bit each), so that a chunk whose frame
+  // failed is asked for at a stored level not tried yet: coarser first
+  // (cheaper, and the plan's margin holds), then finer.
+  auto untried_level = [&](uint32_t c, int failed) -> int {
+    const int levels = static_cast<int>(found[c].level_bytes.size());
+    for (int l = failed + 1; l < levels; ++l)
+      if (found[c].level_bytes[l] > 0 && !(tried[c] >> l & 1)) return l;
+    for (int l = failed - 1; l >= 0; --l)
+      if (found[c].level_bytes[l] > 0 && !(tried[c] >> l & 1)) return l;
+    return -1;
+  };
   auto complete = [&](Done d) {
     // The probe's end gives the first estimate if no window has yet.
     if (issued_any && rate.rate() <= 0)
       rate.ObserveCompletion(fetcher.BusySeconds(first_issue, Clock::now()), fetcher.received());
     const uint32_t c = d.ticket->chunk;
+    check_frame(d);
     if (d.ticket == backup[c]) {
       backup_open[c] = false;
       if (backup_dropped[c]) return;  // its bytes are counted as abandoned
@@ -663,6 +706,17 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
     if (!d.frame.ok() && backup[c] && !backup_failed[c] && !backup_dropped[c]) {
       use_backup[c] = true;  // the backup stands in for a failed request
       return;
+    }
+    if (!d.frame.ok()) {
+      if (const int other = untried_level(c, static_cast<int>(d.ticket->level)); other >= 0) {
+        result.errors.push_back("chunk " + std::to_string(c) + " level " + std::to_string(d.ticket->level) + ": " +
+                                d.frame.status().ToString() + "; trying level " + std::to_string(other));
+        ++result.fallbacks;
+        std::shared_ptr<Ticket> t = send(c, other);
+        auto at = std::find_if(flight.begin(), flight.end(), [&](const auto& f) { return f->chunk > c; });
+        flight.insert(at, std::move(t));  // flight stays in chunk order
+        return;
+      }
     }
     if (d.frame.ok()) {
       result.bytes += (*d.frame)->size();

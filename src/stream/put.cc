@@ -41,6 +41,7 @@ Result<PutStats> PutContext(ChunkStore& store, const ChunkKey& root, std::span<c
                         encoder.EncodeChunk(kv.Tokens(start, count), start, context, &frame_stats));
     for (const FrameStats& fs : frame_stats) stats.sections_unlike_profile += fs.sections_unlike_profile;
     for (uint32_t l = 0; l < frames.size(); ++l) {
+      CG_ASSIGN_OR_RETURN(frames[l], BindFrameToChunk(frames[l], keys[i]));
       CG_RETURN_IF_ERROR(store.Put(keys[i], l, frames[l]));
       ++stats.frames;
       stats.bytes += frames[l].size();
@@ -85,7 +86,8 @@ Result<PutStats> PutContainer(ChunkStore& store, const ChunkKey& root, std::span
   }
   for (uint32_t i : to_store) {
     for (uint32_t l = 0; l < info.levels; ++l) {
-      CG_ASSIGN_OR_RETURN(std::span<const uint8_t> frame, dec.Frame(i, l));
+      CG_ASSIGN_OR_RETURN(std::span<const uint8_t> unbound, dec.Frame(i, l));
+      CG_ASSIGN_OR_RETURN(const std::vector<uint8_t> frame, BindFrameToChunk(unbound, keys[i]));
       CG_RETURN_IF_ERROR(store.Put(keys[i], l, frame));
       ++stats.frames;
       stats.bytes += frame.size();

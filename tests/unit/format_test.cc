@@ -37,6 +37,13 @@ void Put(std::vector<uint8_t>& b, size_t pos, T v) {
   std::memcpy(&b[pos], &v, sizeof v);
 }
 
+template <typename T>
+T Get(const std::vector<uint8_t>& b, size_t pos) {
+  T v;
+  std::memcpy(&v, &b[pos], sizeof v);
+  return v;
+}
+
 // Recomputes a frame's header checksum after a test tampered with the header.
 void ResealFrame(std::vector<uint8_t>& f, uint64_t header_bytes) {
   Put<uint64_t>(f, header_bytes - 8, Checksum64(std::span(f).first(header_bytes - 8)));
@@ -81,16 +88,51 @@ TEST(Frame, EmptySectionsAllowed) {
   EXPECT_EQ(p->header_bytes, f.size());
 }
 
+// Binding a frame to its chunk key: version 2, the key in the header, the
+// payloads and their checksums unchanged; version 1 without it; rebinding
+// replaces the key. Every byte of the bound header is covered by its checksum.
+TEST(Frame, BindingAddsTheChunkKeyAndKeepsThePayloads) {
+  const auto f = WriteFrame(SmallHeader(), Sections(2));
+  auto unbound = ParseFrame(f);
+  ASSERT_TRUE(unbound.ok());
+  EXPECT_FALSE(unbound->header.chunk_key);
+  EXPECT_EQ(Get<uint16_t>(f, 4), kUnboundFormatVersion);
+  const ChunkKey key = *ChunkKey::FromHex("00112233445566778899aabbccddeeff");
+  auto bound = BindFrame(f, key);
+  ASSERT_TRUE(bound.ok());
+  EXPECT_EQ(bound->size(), f.size() + 16);
+  EXPECT_EQ(Get<uint16_t>(*bound, 4), kFormatVersion);
+  auto p = ParseFrame(*bound);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  ASSERT_TRUE(p->header.chunk_key);
+  EXPECT_EQ(*p->header.chunk_key, key);
+  EXPECT_EQ(p->header_bytes, unbound->header_bytes + 16);
+  EXPECT_TRUE(std::equal(f.begin() + static_cast<long>(unbound->header_bytes), f.end(),
+                         bound->begin() + static_cast<long>(p->header_bytes)));
+  for (uint32_t l = 0; l < 2; ++l)
+    for (KV kv : {KV::kKey, KV::kValue}) EXPECT_TRUE(SectionPayload(*p, *bound, l, kv).ok());
+  const ChunkKey other = *ChunkKey::FromHex("ffeeddccbbaa99887766554433221100");
+  auto rebound = BindFrame(*bound, other);
+  ASSERT_TRUE(rebound.ok());
+  EXPECT_EQ(rebound->size(), bound->size());
+  EXPECT_EQ(*ParseFrame(*rebound)->header.chunk_key, other);
+  for (uint64_t i = 40; i < 56; ++i) {
+    auto flipped = *bound;
+    flipped[i] ^= 1;
+    EXPECT_EQ(ParseFrame(flipped).status().code(), StatusCode::kCorrupt) << i;
+  }
+}
+
 TEST(Frame, BadMagicAndVersion) {
   auto f = WriteFrame(SmallHeader(), Sections(2));
   auto bad = f;
   bad[0] ^= 1;
   EXPECT_EQ(ParseFrame(bad).status().code(), StatusCode::kCorrupt);
   bad = f;
-  Put<uint16_t>(bad, 4, 2);
+  Put<uint16_t>(bad, 4, 3);
   auto r = ParseFrame(bad);
   EXPECT_EQ(r.status().code(), StatusCode::kUnsupported);
-  EXPECT_NE(r.status().message().find("version 2"), std::string::npos);
+  EXPECT_NE(r.status().message().find("version 3"), std::string::npos);
   bad = f;
   Put<uint16_t>(bad, 4, 0);
   EXPECT_EQ(ParseFrame(bad).status().code(), StatusCode::kCorrupt);

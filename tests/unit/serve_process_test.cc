@@ -85,7 +85,7 @@ TEST(ServeProcess, KillDuringWriteBurstLeavesOnlyWholeChunks) {
           std::lock_guard<std::mutex> lock(mu);
           attempted.insert(i);
         }
-        if ((*client)->Put(key_of(i), 0, frame).ok()) {
+        if ((*client)->Put(key_of(i), 0, *BindFrameToChunk(frame, key_of(i))).ok()) {
           std::lock_guard<std::mutex> lock(mu);
           acked.insert(i);
         } else {
@@ -119,7 +119,7 @@ TEST(ServeProcess, KillDuringWriteBurstLeavesOnlyWholeChunks) {
     }
     if (got.ok()) {
       ++present;
-      ASSERT_EQ(*got, frame) << "chunk " << i << " differs";
+      ASSERT_EQ(*got, *BindFrameToChunk(frame, key_of(i))) << "chunk " << i << " differs";
       KVTensor out(c.kv.shape(), DType::kF16);
       ASSERT_TRUE(DecodeFrame(*got, out.view()).ok());
     } else {

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cachegen/cli.h"
+#include "cachegen/codec.h"
 #include "cachegen/command.h"
 #include "cachegen/store.h"
 #include "cachegen/stream.h"
@@ -25,6 +26,7 @@ struct StoreArgs {
   std::string uri;
   bool json = false;
   bool delete_corrupt = false;
+  bool bind = false;  // put: BindFrameToChunk first
   std::string key;
   uint32_t level = 0;
   std::string file;  // put: input; get: output
@@ -130,7 +132,12 @@ int RunPut(const StoreArgs& a) {
   if (!key.ok()) return Fail(key.status());
   std::ifstream in(a.file, std::ios::binary);
   if (!in) return Fail(Status::IOError("cannot open " + a.file));
-  const std::vector<uint8_t> frame((std::istreambuf_iterator<char>(in)), {});
+  std::vector<uint8_t> frame((std::istreambuf_iterator<char>(in)), {});
+  if (a.bind) {
+    Result<std::vector<uint8_t>> bound = BindFrameToChunk(frame, *key);
+    if (!bound.ok()) return Fail(Status::InvalidArgument("--bind: " + a.file + ": " + bound.status().message()));
+    frame = std::move(bound).value();
+  }
   auto s = OpenStore(a.uri);
   if (!s.ok()) return Fail(s.status());
   const Status st = (*s)->Put(*key, a.level, frame);
@@ -172,6 +179,8 @@ const bool kRegistered = RegisterCommand(45, [](CLI::App& root) -> CommandRunner
   put->add_option("key", args->key, "Chunk key: 32 hex digits")->required();
   put->add_option("level", args->level, "Level (0-7)")->required()->check(CLI::Range(0u, kMaxChunkLevels - 1));
   put->add_option("input", args->file, "File with the frame bytes")->required();
+  put->add_flag("--bind", args->bind,
+                "Bind the frame to KEY first (a fetch takes only frames bound to the key they are stored under)");
   CLI::App* get = store->add_subcommand("get", "Write the verified frame of KEY at LEVEL to -o OUT");
   add_uri(get);
   get->add_option("key", args->key, "Chunk key: 32 hex digits")->required();

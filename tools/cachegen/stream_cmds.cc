@@ -221,6 +221,8 @@ int RunFetch(const FetchArgs& a) {
                      {"bytes", r->bytes},
                      {"elapsed_ms", r->elapsed_ms},
                      {"deadline_met", r->deadline_met},
+                     {"rejected", r->rejected},
+                     {"fallbacks", r->fallbacks},
                      {"bandwidth_mbit_s", r->bandwidth_bytes_s * 8 / 1e6}};
     if (!a.output.empty()) j["written_tokens"] = written_tokens;
     std::printf("%s\n", j.dump().c_str());

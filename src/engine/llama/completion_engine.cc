@@ -327,6 +327,9 @@ Result<PrefillResult> LlamaCompletionEngine::Prefill(uint32_t slot, std::span<co
     so.levels = options_.codec.levels;
     so.cancel = &aborting_;
     so.profiles = coding->profiles;
+    // A chunk of another shape (another model's, misplaced) is a miss.
+    const LlamaModelInfo& info = model_->info();
+    so.shape = KVShape{info.layers, info.kv_heads, info.head_dim, 0};
     // Without a deadline there is nothing to trade: always the best level.
     so.fixed_level = deadline > 0 ? options_.fixed_level : std::max(options_.fixed_level, 0);
     // The last request's bandwidth estimate, so the first chunk need not probe.
