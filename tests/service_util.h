@@ -36,20 +36,38 @@ namespace cachegen::testing_service {
 // or what came until it closed or `timeout_ms` passed. With half_close the client shuts
 // its sending side after the request (the server then sees a closed peer and
 // may not answer at all).
-inline std::string RawRequest(int port, const std::string& request, bool half_close = false, int timeout_ms = 3000) {
+// A connected loopback socket to 127.0.0.1:port, from the loopback address
+// `from` (127.0.0.x: another client address), receives and sends bounded
+// by timeout_ms; -1 on failure.
+inline int OpenLoopback(int port, int timeout_ms = 3000, const char* from = nullptr) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return "";
+  if (fd < 0) return -1;
+  if (from) {
+    sockaddr_in local{};
+    local.sin_family = AF_INET;
+    ::inet_pton(AF_INET, from, &local.sin_addr);
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&local), sizeof local) != 0) {
+      ::close(fd);
+      return -1;
+    }
+  }
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
     ::close(fd);
-    return "";
+    return -1;
   }
   timeval tv{timeout_ms / 1000, (timeout_ms % 1000) * 1000};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  return fd;
+}
+
+inline std::string RawRequest(int port, const std::string& request, bool half_close = false, int timeout_ms = 3000) {
+  const int fd = OpenLoopback(port, timeout_ms);
+  if (fd < 0) return "";
   size_t sent = 0;
   while (sent < request.size()) {
     const ssize_t n = ::send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);

@@ -60,7 +60,12 @@ struct ServiceOptions {
   uint64_t max_body_bytes = 64ull << 20;  // larger PUT/lookup bodies get 413
   int read_timeout_ms = 5000;             // a client that stalls longer is dropped
   int write_timeout_ms = 5000;
-  uint32_t threads = 64;  // connections served at once
+  uint32_t threads = 64;  // requests handled at once (idle and slow connections hold none)
+  uint32_t max_connections = 4096;        // open at once; more are closed as they are accepted
+  uint32_t max_connections_per_ip = 256;  // open at once from one client address
+  // Request body bytes being received or handled at once, all connections
+  // together (at least max_body_bytes); a body that does not fit gets 503.
+  uint64_t max_inflight_body_bytes = 256ull << 20;
   // Per connection: GET bodies are sent through a token bucket following this
   // trace (timed from the connection's first request). Empty: unlimited.
   std::vector<RateStep> connection_rate;

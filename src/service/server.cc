@@ -136,11 +136,21 @@ class HttpService final : public Service {
     o.max_body_bytes = options_.max_body_bytes;
     o.read_timeout_ms = options_.read_timeout_ms;
     o.write_timeout_ms = options_.write_timeout_ms;
+    o.max_connections = options_.max_connections;
+    o.max_connections_per_ip = options_.max_connections_per_ip;
+    o.max_inflight_body_bytes = options_.max_inflight_body_bytes;
     o.connection_rate = options_.connection_rate;
     o.link = options_.link;
     HttpHandlers h;
     h.handle = [this](const HttpRequest& req, HttpReply& r) { Handle(req, r); };
     h.error = Error;
+    // The token is checked on the header: an unauthenticated body is never read.
+    h.admit = [this](const HttpRequest& req, HttpReply& r) {
+      if (!HttpPath(req).starts_with("/v1/") || Authorized(req, r, NeedsWrite(req))) return true;
+      metrics_.Request(std::string(req.method_string()), Route(HttpPath(req)), static_cast<int>(r.status), 0,
+                       r.body_size());
+      return false;
+    };
     // Counted just before the answer goes out, so that a client that has
     // its answer sees it counted in its next /metrics.
     h.answered = [this](const HttpRequest& req, const HttpReply& r) {
@@ -211,6 +221,12 @@ class HttpService final : public Service {
     r.headers.emplace_back("Allow", allow);
   }
 
+  // Whether a request changes the store (PUT, DELETE), and so needs the token
+  // even where reads do not.
+  static bool NeedsWrite(const HttpRequest& req) {
+    return req.method() == http::verb::put || req.method() == http::verb::delete_;
+  }
+
   bool Authorized(const HttpRequest& req, HttpReply& r, bool write) {
     if (options_.token.empty() || (!write && !options_.auth_reads)) return true;
     const std::string_view h(req[http::field::authorization].data(), req[http::field::authorization].size());
@@ -226,15 +242,18 @@ class HttpService final : public Service {
   // Parses {key}/{level} of a chunk path; 400 on failure.
   static bool ParseChunkPath(std::string_view key_text, std::string_view level_text, HttpReply& r, ChunkKey* key,
                              uint32_t* level) {
+    // Canonical forms only (lowercase hex, a level without leading zeros):
+    // one chunk has one path.
     Result<ChunkKey> k = ChunkKey::FromHex(std::string(key_text));
-    if (!k.ok()) {
-      Error(r, 400, "bad chunk key (want 32 hex digits)");
+    if (!k.ok() || k->Hex() != key_text) {
+      Error(r, 400, "bad chunk key (want 32 lowercase hex digits)");
       return false;
     }
     unsigned v = 0;
     const char* end = level_text.data() + level_text.size();
     auto [p, ec] = std::from_chars(level_text.data(), end, v);
-    if (level_text.empty() || ec != std::errc() || p != end || v >= kMaxChunkLevels) {
+    if (level_text.empty() || ec != std::errc() || p != end || v >= kMaxChunkLevels ||
+        (level_text.size() > 1 && level_text[0] == '0')) {
       Error(r, 400, "bad level (want 0.." + std::to_string(kMaxChunkLevels - 1) + ")");
       return false;
     }
@@ -244,7 +263,6 @@ class HttpService final : public Service {
   }
 
   void GetChunk(const HttpRequest& req, HttpReply& r, std::string_view key_text, std::string_view level_text) {
-    if (!Authorized(req, r, false)) return;
     ChunkKey key;
     uint32_t level = 0;
     if (!ParseChunkPath(key_text, level_text, r, &key, &level)) return;
@@ -263,7 +281,6 @@ class HttpService final : public Service {
   }
 
   void PutChunk(const HttpRequest& req, HttpReply& r, std::string_view key_text, std::string_view level_text) {
-    if (!Authorized(req, r, true)) return;
     ChunkKey key;
     uint32_t level = 0;
     if (!ParseChunkPath(key_text, level_text, r, &key, &level)) return;
@@ -284,7 +301,6 @@ class HttpService final : public Service {
   }
 
   void DeleteChunk(const HttpRequest& req, HttpReply& r, std::string_view key_text, std::string_view level_text) {
-    if (!Authorized(req, r, true)) return;
     ChunkKey key;
     uint32_t level = 0;
     if (!ParseChunkPath(key_text, level_text, r, &key, &level)) return;
@@ -294,7 +310,6 @@ class HttpService final : public Service {
   }
 
   void Lookup(const HttpRequest& req, HttpReply& res) {
-    if (!Authorized(req, res, false)) return;
     nlohmann::json in = nlohmann::json::parse(req.body().begin(), req.body().end(), nullptr, false);
     if (in.is_discarded() || !in.is_object()) return Error(res, 400, "body is not a JSON object");
     uint32_t levels = kMaxChunkLevels;

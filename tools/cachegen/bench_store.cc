@@ -1,6 +1,13 @@
 // `cachegen bench-store`: put/get throughput and latency percentiles of one
 // or more chunk stores, side by side in one run; with --service, a load test
 // of the HTTP chunk service over each store (N clients x M mixed requests).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -8,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <string_view>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -30,7 +38,100 @@ struct BenchStoreArgs {
   bool json = false;
   bool service = false;
   uint32_t requests = 1000;
+  uint32_t idle = 0;       // --service: idle connections held open next to the clients
+  uint32_t slowloris = 0;  // --service: connections sending a request header a byte a second
   std::string synthetic = "4,8,128,64";
+};
+
+// Hostile connections next to the load (--idle, --slowloris), from the
+// loopback addresses 127.0.0.2 and up, 128 per address (under the service's
+// default per-address limit), so they test holding, not that limit. Each
+// one the server closes is opened again, as an attacker would.
+class HostileLoad {
+ public:
+  struct Counts {
+    uint64_t opened = 0;
+    uint64_t closed = 0;
+  };
+  HostileLoad(int port, uint32_t idle, uint32_t slow) : port_(port) {
+    if (idle + slow == 0) return;
+    rlimit lim{};
+    if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
+      lim.rlim_cur = lim.rlim_max;  // both ends of every connection are in this process
+      setrlimit(RLIMIT_NOFILE, &lim);
+    }
+    conns_.resize(idle + slow);
+    for (uint32_t i = 0; i < conns_.size(); ++i) {
+      conns_[i].slow = i >= idle;
+      Open(i);
+    }
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~HostileLoad() { Stop(); }
+  Counts Stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+    for (Conn& c : conns_)
+      if (c.fd >= 0) ::close(c.fd);
+    conns_.clear();
+    return counts_;
+  }
+
+ private:
+  struct Conn {
+    int fd = -1;
+    bool slow = false;
+    size_t sent = 0;  // header bytes sent
+  };
+  void Open(uint32_t i) {
+    Conn& c = conns_[i];
+    c.sent = 0;
+    c.fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (c.fd < 0) return;
+    sockaddr_in from{};
+    from.sin_family = AF_INET;
+    from.sin_addr.s_addr = htonl(INADDR_LOOPBACK + 1 + i / 128);
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(static_cast<uint16_t>(port_));
+    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::bind(c.fd, reinterpret_cast<sockaddr*>(&from), sizeof from) != 0 ||
+        ::connect(c.fd, reinterpret_cast<sockaddr*>(&to), sizeof to) != 0) {
+      ::close(c.fd);
+      c.fd = -1;
+      return;
+    }
+    ++counts_.opened;
+  }
+  // Every second: a header byte on each slow connection; connections the
+  // server closed (or that could not be opened) are opened again.
+  void Run() {
+    static constexpr std::string_view kHeader =
+        "GET /healthz HTTP/1.1\r\nHost: x\r\nUser-Agent: slowloris-slowloris-slowloris\r\n\r\n";
+    while (!stop_) {
+      for (uint32_t i = 0; i < conns_.size() && !stop_; ++i) {
+        Conn& c = conns_[i];
+        if (c.fd >= 0) {
+          pollfd p{c.fd, POLLIN | POLLRDHUP, 0};
+          char b[512];
+          const bool gone = ::poll(&p, 1, 0) > 0 && ::recv(c.fd, b, sizeof b, MSG_DONTWAIT) <= 0;
+          const bool failed = !gone && c.slow && c.sent < kHeader.size() - 1 &&
+                              ::send(c.fd, kHeader.data() + c.sent++, 1, MSG_NOSIGNAL | MSG_DONTWAIT) != 1;
+          if (!gone && !failed) continue;
+          ::close(c.fd);
+          ++counts_.closed;
+        }
+        Open(i);
+      }
+      for (int t = 0; t < 10 && !stop_; ++t) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+
+  const int port_;
+  std::vector<Conn> conns_;
+  Counts counts_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
 };
 
 // --service: the store behind an in-process `cachegen serve` on a loopback
@@ -68,12 +169,19 @@ int RunServiceLoad(const BenchStoreArgs& a, const std::string& uri, nlohmann::js
     for (auto& b : k.bytes) b = static_cast<uint8_t>(r());
     return k;
   };
+  // Frames are bound to the key they are stored under (BindFrameToChunk),
+  // as the service requires.
   std::vector<ChunkKey> stored(256);
-  for (auto& k : stored) {
-    k = random_key(rng);
-    Status st = (*s)->Put(k, 0, frame);
+  std::vector<std::vector<uint8_t>> stored_frames(stored.size());
+  for (size_t i = 0; i < stored.size(); ++i) {
+    stored[i] = random_key(rng);
+    Result<std::vector<uint8_t>> bound = BindFrameToChunk(frame, stored[i]);
+    if (!bound.ok()) return Fail(bound.status());
+    stored_frames[i] = std::move(bound).value();
+    Status st = (*s)->Put(stored[i], 0, stored_frames[i]);
     if (!st.ok()) return Fail(st);
   }
+  HostileLoad attack((*svc)->port(), a.idle, a.slowloris);
 
   enum Op { kGetHit, kGetMiss, kHead, kPut, kDelete, kLookup, kOps };
   const char* names[kOps] = {"get", "get-miss", "head", "put", "delete", "lookup"};
@@ -104,12 +212,18 @@ int RunServiceLoad(const BenchStoreArgs& a, const std::string& uri, nlohmann::js
         Op op = pick < 50 ? kGetHit : pick < 60 ? kGetMiss : pick < 75 ? kHead : pick < 90 ? kPut
               : pick < 95 ? kDelete : kLookup;
         if (op == kDelete && mine.empty()) op = kPut;
+        std::vector<uint8_t> to_put;
+        if (op == kPut) {
+          mine.push_back(random_key(r));
+          to_put = *BindFrameToChunk(frame, mine.back());
+        }
+        const size_t hit = r() % stored.size();
         const auto start = std::chrono::steady_clock::now();
         bool ok = false;
         switch (op) {
           case kGetHit: {
-            auto got = store.Get(stored[r() % stored.size()], 0);
-            ok = got.ok() && *got == frame;
+            auto got = store.Get(stored[hit], 0);
+            ok = got.ok() && *got == stored_frames[hit];
             if (!ok) why = got.ok() ? "GET returned other bytes" : got.status().ToString();
             break;
           }
@@ -120,14 +234,13 @@ int RunServiceLoad(const BenchStoreArgs& a, const std::string& uri, nlohmann::js
             break;
           }
           case kHead: {
-            auto size = store.Size(stored[r() % stored.size()], 0);
-            ok = size.ok() && *size == frame.size();
+            auto size = store.Size(stored[hit], 0);
+            ok = size.ok() && *size == stored_frames[hit].size();
             if (!ok) why = "HEAD: " + size.status().ToString();
             break;
           }
           case kPut: {
-            mine.push_back(random_key(r));
-            Status st = store.Put(mine.back(), 0, frame);
+            Status st = store.Put(mine.back(), 0, to_put);
             ok = st.ok();
             if (!ok) why = "PUT: " + st.ToString();
             break;
@@ -166,6 +279,7 @@ int RunServiceLoad(const BenchStoreArgs& a, const std::string& uri, nlohmann::js
     });
   for (auto& t : clients) t.join();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const HostileLoad::Counts attacked = attack.Stop();
   for (const auto& k : put_keys) (void)(*s)->Delete(k, 0);
   for (const auto& k : stored) (void)(*s)->Delete(k, 0);
   (*svc)->Stop();
@@ -173,11 +287,15 @@ int RunServiceLoad(const BenchStoreArgs& a, const std::string& uri, nlohmann::js
   std::vector<double> all;
   uint64_t total_errors = 0;
   nlohmann::json j{{"uri", (*s)->uri()},       {"service", true},  {"clients", a.threads},
-                   {"requests_per_client", a.requests}, {"frame_bytes", frame.size()}, {"seconds", seconds}};
+                   {"requests_per_client", a.requests}, {"frame_bytes", frame.size()}, {"seconds", seconds},
+                   {"idle", a.idle}, {"slowloris", a.slowloris}, {"attack_connections", attacked.opened},
+                   {"attack_closed_by_server", attacked.closed}};
   if (!a.json)
-    std::printf("%s via HTTP service: %u clients x %u mixed requests, frame %zu bytes\n%-9s %8s %9s %9s %7s\n",
-                (*s)->uri().c_str(), a.threads, a.requests, frame.size(), "op", "requests", "p50 us", "p99 us",
-                "errors");
+    std::printf("%s via HTTP service: %u clients x %u mixed requests, frame %zu bytes; next to %u idle and %u "
+                "slowloris connections (%llu opened, %llu closed by the server)\n%-9s %8s %9s %9s %7s\n",
+                (*s)->uri().c_str(), a.threads, a.requests, frame.size(), a.idle, a.slowloris,
+                static_cast<unsigned long long>(attacked.opened), static_cast<unsigned long long>(attacked.closed),
+                "op", "requests", "p50 us", "p99 us", "errors");
   for (int op = 0; op < kOps; ++op) {
     std::sort(lat[op].begin(), lat[op].end());
     all.insert(all.end(), lat[op].begin(), lat[op].end());
@@ -296,6 +414,15 @@ const bool kRegistered = RegisterCommand(46, [](CLI::App& root) -> CommandRunner
                 "Load-test the HTTP service over each store: --threads clients x --requests mixed requests "
                 "(exit 1 on any error)");
   sub->add_option("--requests", args->requests, "With --service: requests per client")->capture_default_str();
+  sub->add_option("--idle", args->idle,
+                  "With --service: connections held open and idle meanwhile (reopened when the server closes them)")
+      ->check(CLI::Range(0u, 8192u))
+      ->capture_default_str();
+  sub->add_option("--slowloris", args->slowloris,
+                  "With --service: connections sending a request header a byte a second meanwhile (reopened when "
+                  "closed)")
+      ->check(CLI::Range(0u, 8192u))
+      ->capture_default_str();
   sub->add_option("--synthetic", args->synthetic, "With --service: the chunk stored (L,H,D,T), one frame")
       ->capture_default_str();
   sub->add_flag("--json", args->json, "Print one JSON object");

@@ -19,6 +19,7 @@ struct ServeArgs {
   uint64_t max_body = 64ull << 20;
   uint32_t threads = 64;
   int timeout_ms = 5000;
+  ServiceOptions limits;  // connection and body limits
 };
 
 int RunServe(const ServeArgs& a) {
@@ -35,6 +36,9 @@ int RunServe(const ServeArgs& a) {
   opts.auth_reads = a.auth_reads;
   opts.max_body_bytes = a.max_body;
   opts.threads = a.threads;
+  opts.max_connections = a.limits.max_connections;
+  opts.max_connections_per_ip = a.limits.max_connections_per_ip;
+  opts.max_inflight_body_bytes = a.limits.max_inflight_body_bytes;
   opts.read_timeout_ms = opts.write_timeout_ms = a.timeout_ms;
   if (!a.token_file.empty()) {
     Result<std::string> token = ReadTokenFile(a.token_file);
@@ -80,8 +84,21 @@ const bool kRegistered = RegisterCommand(20, [](CLI::App& root) -> CommandRunner
   sub->add_option("--max-body", a->max_body, "Largest accepted request body in bytes")->capture_default_str();
   sub->add_option("--rate-limit", a->rate_limit,
                   "Per-connection send rate, e.g. 1gbit, or a trace 10gbit,0.1gbit@0.5 (RATE@SECONDS steps)");
-  sub->add_option("--threads", a->threads, "Connections served at once")->capture_default_str();
-  sub->add_option("--timeout-ms", a->timeout_ms, "Read/write timeout for slow clients")
+  sub->add_option("--threads", a->threads, "Requests handled at once (idle and slow connections hold none)")
+      ->check(CLI::Range(1u, 4096u))
+      ->capture_default_str();
+  sub->add_option("--max-connections", a->limits.max_connections, "Connections open at once; more are closed at once")
+      ->check(CLI::Range(1u, 1u << 20))
+      ->capture_default_str();
+  sub->add_option("--max-connections-per-ip", a->limits.max_connections_per_ip,
+                  "Connections open at once from one client address")
+      ->check(CLI::Range(1u, 1u << 20))
+      ->capture_default_str();
+  sub->add_option("--max-inflight-body", a->limits.max_inflight_body_bytes,
+                  "Request body bytes received or handled at once, all connections together (more: 503)")
+      ->capture_default_str();
+  sub->add_option("--timeout-ms", a->timeout_ms,
+                  "A request header must come whole within it (not restarted per byte); each body receive and write too")
       ->check(CLI::Range(1, 86400000))
       ->capture_default_str();
   return [sub, a] { return *sub ? std::optional<int>(RunServe(*a)) : std::nullopt; };
