@@ -158,6 +158,17 @@ seq 1 64 >"$tmp/ids.txt"
 expect_rc 1 build/cachegen store verify --store "file://$tmp/no-store"
 expect_rc 1 build/cachegen fetch --store "file://$tmp/no-store" --tokens "$tmp/ids.txt" --deadline-ms 100
 test ! -e "$tmp/no-store"
+# store verify --deep checks the frames inside the records: a frame damaged before it was stored
+# (its record whole) passes the record check and fails the deep one; so does an unbound frame.
+build/cachegen put --store "file://$tmp/deep" synthetic:2,2,32,64 --tokens "$tmp/ids.txt" --chunk-tokens 32 >/dev/null
+build/cachegen store verify --store "file://$tmp/deep" --deep >/dev/null
+deep_key=$(basename "$(find "$tmp/deep" -name '*.0' | sort | head -1)" .0)
+build/cachegen store get --store "file://$tmp/deep" "$deep_key" 0 -o "$tmp/deep.frame" >/dev/null
+python3 -c 'import sys; b = bytearray(open(sys.argv[1], "rb").read()); b[-1] ^= 1; open(sys.argv[1], "wb").write(b)' "$tmp/deep.frame"
+build/cachegen store put --store "file://$tmp/deep" "$deep_key" 0 "$tmp/deep.frame" >/dev/null
+build/cachegen store verify --store "file://$tmp/deep" >/dev/null
+expect_rc 1 build/cachegen store verify --store "file://$tmp/deep" --deep
+expect_rc 1 build/cachegen store put --store "file://$tmp/deep" "$deep_key" 0 "$tmp/frame" --bind
 expect_rc 1 build/cachegen bench-stream --deadline-factors 0.5,abc
 expect_rc 1 build/cachegen bench-stream --traces 10gbit,5gbit
 build/cachegen bench-store --store mem:// --store "file://$tmp/bench" --ops 20 --frame-bytes 4096 --json \

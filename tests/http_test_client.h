@@ -17,12 +17,18 @@ struct Answer {
   int status = 0;
   std::string body;
   std::string content_type;
+  std::string retry_after;
 };
 
 class Client {
  public:
   Client(std::string host, int port, int timeout_ms = 60000)
       : host_(std::move(host)), port_(port), timeout_ms_(timeout_ms) {}
+  // Every request carries "Authorization: Bearer <key>".
+  Client& Bearer(std::string key) {
+    bearer_ = std::move(key);
+    return *this;
+  }
 
   std::optional<Answer> Get(const std::string& target) const { return Call(boost::beast::http::verb::get, target, "", ""); }
   std::optional<Answer> Post(const std::string& target, const std::string& body, const std::string& type) const {
@@ -39,6 +45,7 @@ class Client {
     req.set(http::field::host, host_);
     req.set(http::field::connection, "close");
     if (!type.empty()) req.set(http::field::content_type, type);
+    if (!bearer_.empty()) req.set(http::field::authorization, "Bearer " + bearer_);
     req.body() = body;
     req.prepare_payload();
     if (s.Run(timeout_ms_, [&](auto done) { http::async_write(s.socket(), req, done); })) return std::nullopt;
@@ -51,6 +58,7 @@ class Client {
     a.status = parser.get().result_int();
     a.body = parser.get().body();
     a.content_type = std::string(parser.get()[http::field::content_type]);
+    a.retry_after = std::string(parser.get()[http::field::retry_after]);
     return a;
   }
 
@@ -58,6 +66,7 @@ class Client {
   std::string host_;
   int port_;
   int timeout_ms_;
+  std::string bearer_;
 };
 
 }  // namespace testing_http

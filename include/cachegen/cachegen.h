@@ -33,7 +33,8 @@ enum cg_status {
   CG_UNSUPPORTED = 3,
   CG_NOT_FOUND = 4,
   CG_IO_ERROR = 5,
-  CG_INTERNAL = 6
+  CG_INTERNAL = 6,
+  CG_UNAVAILABLE = 7  /* not returned by the codec functions; kept in step with the C++ StatusCode */
 };
 
 /* Same values as cachegen::DType. */

@@ -119,6 +119,12 @@ class LlamaContext : public EngineAdapter {
   std::span<const float> Logits(size_t i) const;
   // Removes every sequence's tokens.
   void Clear();
+  // Per request: while set, an Eval ends early once `cancelled` returns
+  // true (polled like LlamaContextOptions::abort, between the graph's
+  // nodes) and fails with kUnavailable, so a client that has gone does not
+  // keep a long prefill running; Clear the context after. Empty: none. Set
+  // it between Evals, not during one.
+  void SetCancel(std::function<bool()> cancelled) { cancelled_ = std::move(cancelled); }
   // Removes sequence `seq`'s tokens at positions >= pos.
   Status Truncate(int32_t seq, int32_t pos);
 
@@ -147,6 +153,9 @@ class LlamaContext : public EngineAdapter {
   // The query observer's state (llama.cpp's eval callback reaches it through `this`).
   static bool ObserveQueries(ggml_tensor* t, bool ask, void* self);
   bool observing_ = false;
+  std::function<bool()> cancelled_;  // SetCancel
+  // llama.cpp's abort callback: the engine's shutdown flag, or this request's cancel.
+  static bool ShouldAbort(void* self);
   std::vector<int32_t> query_pos_;  // per layer: position of the next reported query row
   std::vector<float> query_buf_;
   std::vector<float> logits_;  // outputs x vocab of the last Eval

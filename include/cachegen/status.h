@@ -19,6 +19,7 @@ enum class StatusCode {
   kNotFound,
   kIOError,
   kInternal,
+  kUnavailable,  // a service that is stopping, or a request whose client has gone: try again
 };
 
 class Status {
@@ -31,6 +32,7 @@ class Status {
   static Status NotFound(std::string msg) { return Status(StatusCode::kNotFound, std::move(msg)); }
   static Status IOError(std::string msg) { return Status(StatusCode::kIOError, std::move(msg)); }
   static Status Internal(std::string msg) { return Status(StatusCode::kInternal, std::move(msg)); }
+  static Status Unavailable(std::string msg) { return Status(StatusCode::kUnavailable, std::move(msg)); }
 
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }

@@ -12,6 +12,7 @@ std::string Status::ToString() const {
     case StatusCode::kNotFound: prefix = "not found"; break;
     case StatusCode::kIOError: prefix = "I/O error"; break;
     case StatusCode::kInternal: prefix = "internal error"; break;
+    case StatusCode::kUnavailable: prefix = "unavailable"; break;
   }
   return std::string(prefix) + ": " + message_;
 }

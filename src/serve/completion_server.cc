@@ -1,5 +1,7 @@
 #include "serve/completion_server.h"
 
+#include "service/bearer.h"
+
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -88,6 +90,16 @@ class ServerImpl final : public CompletionServer {
     HttpHandlers h;
     h.handle = [this](const HttpRequest& req, HttpReply& res) { Route(req, res); };
     h.error = [this](HttpReply& res, unsigned status, const std::string& message) { Error(res, status, message); };
+    if (!options_.api_key.empty()) {
+      h.admit = [this](const HttpRequest& req, HttpReply& res) {
+        if (HttpPath(req) == "/healthz") return true;
+        const auto auth = req[boost::beast::http::field::authorization];
+        if (BearerTokenMatches(std::string_view(auth.data(), auth.size()), options_.api_key)) return true;
+        Error(res, 401, auth.empty() ? "missing API key (Authorization: Bearer)" : "bad API key");
+        res.headers.emplace_back("WWW-Authenticate", "Bearer");
+        return false;
+      };
+    }
     Result<std::unique_ptr<HttpServer>> server = HttpServer::Start(o, std::move(h));
     if (!server.ok()) return server.status();
     server_ = std::move(server).value();
@@ -116,6 +128,21 @@ class ServerImpl final : public CompletionServer {
   void Error(HttpReply& res, unsigned status, const std::string& message) {
     Reply(res, status, ErrorBody(static_cast<int>(status), message));
   }
+  void Unavailable(HttpReply& res, const std::string& message) {
+    Error(res, 503, message);
+    res.headers.emplace_back("Retry-After", "1");
+  }
+  // An engine's failure: the request's fault (400), the server stopping or
+  // the client gone (503: try again), or the engine's (500).
+  static unsigned EngineErrorCode(const Status& st) {
+    if (st.code() == StatusCode::kInvalidArgument) return 400;
+    return st.code() == StatusCode::kUnavailable ? 503 : 500;
+  }
+  void EngineError(HttpReply& res, const Status& st) {
+    const unsigned code = EngineErrorCode(st);
+    if (code == 503) return Unavailable(res, st.message());
+    Error(res, code, st.message());
+  }
 
   void Route(const HttpRequest& req, HttpReply& res) {
     const std::string_view path = HttpPath(req);
@@ -143,8 +170,10 @@ class ServerImpl final : public CompletionServer {
     Result<CompletionRequest> parsed = ParseCompletionRequest(std::string(http_body), chat, options_.limits);
     if (!parsed.ok()) return Error(res, 400, parsed.status().message());
     if (parsed->model.empty()) parsed->model = engine_->model_name();
+    // A client that closes its connection cancels the request.
+    parsed->client_gone = res.peer_gone;
     std::optional<uint32_t> slot = pool_.Acquire();
-    if (!slot) return Error(res, 503, "server busy: every slot is in use and the queue is full");
+    if (!slot) return Unavailable(res, "server busy: every slot is in use and the queue is full");
     auto lease = std::make_shared<SlotLease>(pool_, *slot);
     const std::string id = NextId();
     const int64_t created = std::chrono::duration_cast<std::chrono::seconds>(
@@ -153,8 +182,7 @@ class ServerImpl final : public CompletionServer {
     if (!parsed->stream) {
       Result<CompletionResult> out =
           engine_->Complete(lease->slot(), *parsed, [this](const std::string&) { return !stopping_.load(); });
-      if (!out.ok())
-        return Error(res, out.status().code() == StatusCode::kInvalidArgument ? 400 : 500, out.status().message());
+      if (!out.ok()) return EngineError(res, out.status());
       metrics_.Completed(out->timings);
       return Reply(res, 200, CompletionResponse(*parsed, id, created, *out));
     }
@@ -172,7 +200,7 @@ class ServerImpl final : public CompletionServer {
         metrics_.Completed(out->timings);
         send(StreamEvent(*request, id, created, "", out->finish_reason, &out->timings));
       } else {
-        send("data: " + ErrorBody(500, out.status().message()) + "\n\n");
+        send("data: " + ErrorBody(static_cast<int>(EngineErrorCode(out.status())), out.status().message()) + "\n\n");
       }
       send(StreamDone());
     };

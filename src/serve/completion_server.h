@@ -4,8 +4,11 @@
 //   POST /v1/completions, POST /v1/chat/completions  (stream: true → SSE)
 //   GET  /v1/models, GET /healthz, GET /metrics (Prometheus text)
 //
-// Errors: 400 for malformed requests (the message names the field), 503 when
-// every slot is busy and the queue is full, 500 when the engine fails.
+// Errors: 400 for malformed requests (the message names the field), 401
+// without the API key (when one is set), 503 with Retry-After when every slot
+// is busy and the queue is full or the server is stopping, 500 when the
+// engine fails. A request whose client closes its connection is cancelled:
+// its prefill and generation stop (CompletionRequest::client_gone).
 #pragma once
 
 #include <cstdint>
@@ -45,6 +48,9 @@ struct CompletionServerOptions {
   RequestLimits limits;
   int read_timeout_ms = 30000;
   uint32_t http_threads = 0;   // 0: slots + max_waiting + 4
+  // Non-empty: every route but /healthz needs "Authorization: Bearer
+  // <api_key>" (401 otherwise, checked before the body is read).
+  std::string api_key;
 };
 
 class CompletionServer {

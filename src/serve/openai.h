@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -38,6 +39,10 @@ struct CompletionRequest {
   // cachegen extension: this request's time-to-first-token budget for the KV
   // transfer planner (0 = the server's --ttft-target).
   double ttft_target_ms = 0;
+  // Set by the server, not parsed: true once the client has gone. An engine
+  // polls it to stop the prefill and generation of a request no one waits
+  // for. Empty: never.
+  std::function<bool()> client_gone;
 };
 
 // Limits applied while parsing (the server's flags).

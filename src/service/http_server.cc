@@ -85,6 +85,7 @@ struct HttpServer::Impl {
   // Shared:
   std::mutex mu;  // guards the five below
   std::condition_variable cv;
+  std::condition_variable idle;  // a worker finished an answer (Stop's grace)
   std::deque<ConnPtr> queue;    // requests read whole, no worker took yet
   std::set<Session*> sessions;  // answers being written
   uint64_t inflight_body = 0;   // bytes reserved by requests being read or handled
@@ -119,12 +120,13 @@ struct HttpServer::Impl {
   // cut off), then the reactor closes the listener and every connection.
   void Stop() {
     {
-      std::lock_guard<std::mutex> lock(mu);
+      std::unique_lock<std::mutex> lock(mu);
       if (stopping) return;
       stopping = true;
+      cv.notify_all();
+      idle.wait_for(lock, std::chrono::milliseconds(options.stop_grace_ms), [this] { return sessions.empty(); });
       for (Session* s : sessions) s->io.Interrupt();
     }
-    cv.notify_all();
     for (std::thread& t : workers) t.join();
     net::post(io, [this] {
       beast::error_code ignored;
@@ -328,6 +330,7 @@ struct HttpServer::Impl {
         std::lock_guard<std::mutex> lock(mu);
         sessions.erase(&session);
       }
+      idle.notify_all();
       Release(*c);
       net::post(io, [this, c, keep] {
         if (!keep || !c->socket.is_open()) return Close(c);

@@ -73,6 +73,9 @@ struct HttpServerOptions {
   int read_timeout_ms = 5000;
   int write_timeout_ms = 5000;  // per write
   int keep_alive_ms = 10000;    // a kept-alive connection's next request header must come within it
+  // Stop lets running handlers finish and their answers go out for this
+  // long (a shutdown's 503s), then cuts off what is still being written.
+  int stop_grace_ms = 2000;
   // Shaped replies (HttpReply::shaped): per connection, through a token
   // bucket following this trace (timed from its first shaped reply); and
   // through `link`, shared by every connection. Empty / null: unlimited.
@@ -106,8 +109,10 @@ class HttpServer {
   static Result<std::unique_ptr<HttpServer>> Start(const HttpServerOptions& options, HttpHandlers handlers);
   ~HttpServer();  // Stop()
   int port() const;
-  // Stops accepting, ends every connection's I/O under way, and waits for
-  // the workers (a handler running finishes first). Idempotent.
+  // Stops accepting and reading requests, lets running handlers finish and
+  // answer within stop_grace_ms, then ends every connection's I/O under way
+  // and waits for the workers (a handler still running finishes first).
+  // Idempotent.
   void Stop();
 
  private:

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <charconv>
 #include <condition_variable>
+#include <cstdio>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -11,6 +12,7 @@
 #include "cachegen/codec.h"
 #include "cachegen/service.h"
 #include "cachegen/stream.h"
+#include "service/bearer.h"
 #include "service/http_server.h"
 
 namespace cachegen {
@@ -108,17 +110,11 @@ void Error(HttpReply& r, unsigned code, const std::string& message) {
   r.text = nlohmann::json{{"error", message}}.dump() + "\n";
 }
 
-bool ConstantTimeEqual(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  unsigned char d = 0;
-  for (size_t i = 0; i < a.size(); ++i) d |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return d == 0;
-}
-
 std::string Route(std::string_view path) {
   if (path.starts_with("/v1/chunks/")) return "chunks";
   if (path == "/v1/lookup") return "lookup";
   if (path == "/healthz") return "healthz";
+  if (path == "/readyz") return "readyz";
   if (path == "/metrics") return "metrics";
   return "other";
 }
@@ -198,12 +194,13 @@ class HttpService final : public Service {
       const std::string_view key = rest.substr(0, slash), level = rest.substr(slash + 1);
       if (m == http::verb::get || m == http::verb::head) return GetChunk(req, r, key, level);
       if (m == http::verb::put) return PutChunk(req, r, key, level);
-      if (m == http::verb::delete_) return DeleteChunk(req, r, key, level);
+      if (m == http::verb::delete_) return DeleteChunk(r, key, level);
       return NotAllowed(r, "GET, HEAD, PUT, DELETE");
     }
     if (path == "/v1/lookup") return m == http::verb::post ? Lookup(req, r) : NotAllowed(r, "POST");
-    if (path == "/healthz" || path == "/metrics") {
+    if (path == "/healthz" || path == "/metrics" || path == "/readyz") {
       if (m != http::verb::get && m != http::verb::head) return NotAllowed(r, "GET, HEAD");
+      if (path == "/readyz") return Ready(r);
       if (path == "/healthz") {
         r.content_type = "text/plain";
         r.text = "ok\n";
@@ -230,10 +227,7 @@ class HttpService final : public Service {
   bool Authorized(const HttpRequest& req, HttpReply& r, bool write) {
     if (options_.token.empty() || (!write && !options_.auth_reads)) return true;
     const std::string_view h(req[http::field::authorization].data(), req[http::field::authorization].size());
-    constexpr std::string_view kBearer = "Bearer ";
-    if (h.size() > kBearer.size() && h.substr(0, kBearer.size()) == kBearer &&
-        ConstantTimeEqual(h.substr(kBearer.size()), options_.token))
-      return true;
+    if (BearerTokenMatches(h, options_.token)) return true;
     Error(r, 401, h.empty() ? "missing bearer token" : "bad bearer token");
     r.headers.emplace_back("WWW-Authenticate", "Bearer");
     return false;
@@ -300,7 +294,7 @@ class HttpService final : public Service {
     r.status = 201;
   }
 
-  void DeleteChunk(const HttpRequest& req, HttpReply& r, std::string_view key_text, std::string_view level_text) {
+  void DeleteChunk(HttpReply& r, std::string_view key_text, std::string_view level_text) {
     ChunkKey key;
     uint32_t level = 0;
     if (!ParseChunkPath(key_text, level_text, r, &key, &level)) return;
@@ -376,13 +370,52 @@ class HttpService final : public Service {
     }
     if (read) metrics_.Miss();
     if (st.code() == StatusCode::kInvalidArgument) return Error(res, 400, st.message());
-    return Error(res, st.code() == StatusCode::kIOError ? 503 : 500, st.message());
+    // The backend's own message names paths and hosts of this machine: it
+    // goes to the operator's log, the client gets what happened.
+    LogStoreError(st);
+    if (st.code() == StatusCode::kIOError) {
+      Error(res, 503, "store unavailable");
+      res.headers.emplace_back("Retry-After", "1");
+      return;
+    }
+    Error(res, 500, "store failed");
+  }
+
+  // At most one line every 10 s, with the count of the others.
+  void LogStoreError(const Status& st) {
+    std::lock_guard<std::mutex> lock(log_mu_);
+    ++unlogged_errors_;
+    const Clock::time_point now = Clock::now();
+    if (logged_any_ && now - last_log_ < std::chrono::seconds(10)) return;
+    std::fprintf(stderr, "cachegen serve: store error: %s (%llu since the last line)\n", st.ToString().c_str(),
+                 static_cast<unsigned long long>(unlogged_errors_));
+    unlogged_errors_ = 0;
+    last_log_ = now;
+    logged_any_ = true;
+  }
+
+  // Readiness: the store answers (a probe of a key nothing is stored under;
+  // absent is an answer). /healthz says only that the process serves.
+  void Ready(HttpReply& r) {
+    const Result<uint64_t> probe = store_->Size(ChunkKey{}, 0);
+    if (!probe.ok() && probe.status().code() != StatusCode::kNotFound) {
+      LogStoreError(probe.status());
+      Error(r, 503, "not ready: the store does not answer");
+      r.headers.emplace_back("Retry-After", "1");
+      return;
+    }
+    r.content_type = "text/plain";
+    r.text = "ready\n";
   }
 
   ChunkStore* store_;
   ServiceOptions options_;
   Metrics metrics_;
   std::unique_ptr<HttpServer> server_;
+  std::mutex log_mu_;  // guards the three below
+  Clock::time_point last_log_{};
+  bool logged_any_ = false;
+  uint64_t unlogged_errors_ = 0;
   std::mutex stop_mu_;
   std::condition_variable stop_cv_;
   bool stopped_ = false;

@@ -292,14 +292,16 @@ Result<FileStore::ScanResult> FileStore::Scan(bool remove_stale_temps) const {
   return out;
 }
 
-Status FileStore::VerifyEntry(const Entry& e) const {
+Status FileStore::VerifyEntry(const Entry& e, std::vector<uint8_t>* payload) const {
   const int fd = ::openat(root_fd_, e.path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Status::IOError(Errno("open " + root_ + "/" + e.path));
   std::vector<uint8_t> record;
   const Status st = ReadAll(fd, &record);
   ::close(fd);
   CG_RETURN_IF_ERROR(st);
-  return OpenRecord(record, e.key, e.level).status();
+  CG_ASSIGN_OR_RETURN(const std::span<const uint8_t> stored, OpenRecord(record, e.key, e.level));
+  if (payload) payload->assign(stored.begin(), stored.end());
+  return Status::Ok();
 }
 
 void FileStore::Evict(const std::string& keep) {

@@ -61,8 +61,9 @@ class FileStore final : public ChunkStore {
   Result<ScanResult> Scan(bool remove_stale_temps) const;
 
   // Reads and verifies one entry found by Scan (name, record and address):
-  // ok, or the reason it is corrupt. Does not touch its mtime.
-  Status VerifyEntry(const Entry& e) const;
+  // ok, or the reason it is corrupt; the stored bytes to *payload when
+  // given. Does not touch its mtime.
+  Status VerifyEntry(const Entry& e, std::vector<uint8_t>* payload = nullptr) const;
 
   const std::string& root() const { return root_; }
   uint64_t max_bytes() const { return max_bytes_; }

@@ -232,6 +232,29 @@ TEST_F(LlamaEngineTest, CodecRoundTripChangesLogitsSlightly) {
   EXPECT_EQ(top(got), top(want));
 }
 
+// A request's cancel ends its evaluation: before it starts, and mid-batch
+// (llama.cpp's abort callback), as kUnavailable and without llama.cpp's
+// error lines on stderr; the context serves again once it is cleared.
+TEST_F(LlamaEngineTest, ACancelledRequestEndsItsEvaluation) {
+  auto c = Context({});
+  ASSERT_TRUE(c);
+  c->SetCancel([] { return true; });
+  const std::span<const int32_t> all(tokens_);
+  Status st = c->Eval(all, 0);
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
+  EXPECT_NE(st.message().find("the client has gone"), std::string::npos) << st.ToString();
+  int polls = 0;
+  c->SetCancel([&polls] { return ++polls > 2; });  // passes the check before the batch, fires inside it
+  ::testing::internal::CaptureStderr();
+  st = c->Eval(all, 0);
+  const std::string logged = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
+  EXPECT_EQ(logged, "") << "an abort is not an error to log";
+  c->SetCancel({});
+  c->Clear();
+  EXPECT_TRUE(c->Eval(all, 0).ok());
+}
+
 TEST_F(LlamaEngineTest, RejectsWrongShapesAndTypes) {
   LlamaContextOptions o;
   o.threads = 1;

@@ -3,6 +3,7 @@
 // queueing and refusal when full.
 #include "serve/completion_server.h"
 #include "http_test_client.h"
+#include "service_util.h"
 
 #include <atomic>
 #include <condition_variable>
@@ -35,10 +36,14 @@ class WordEngine : public CompletionEngine {
     if (req.prompt == "fail") return Status::Internal("engine failed");
     if (req.prompt == "prefill") {
       while (prefill_steps_ < kForever && !aborted_) {
+        if (req.client_gone && req.client_gone()) {
+          cancelled_ = true;
+          return Status::Unavailable("prefill cancelled: the client has gone");
+        }
         ++prefill_steps_;
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
-      return Status::Internal("prefill aborted");
+      return Status::Unavailable("prefill aborted: the engine is stopping");
     }
     CompletionResult r;
     if (req.prompt == "forever") {  // a word a millisecond, for a minute, until told to stop
@@ -79,6 +84,7 @@ class WordEngine : public CompletionEngine {
   std::atomic<int> emitted_{0};  // words of "forever" requests
   std::atomic<int> prefill_steps_{0};
   std::atomic<bool> aborted_{false};
+  std::atomic<bool> cancelled_{false};  // a prefill saw its client gone
 
  private:
   std::mutex mu_;
@@ -195,13 +201,65 @@ TEST_F(CompletionServerTest, StopEndsAGenerationThatIsNotStreamed) {
 }
 
 TEST_F(CompletionServerTest, StopAbortsAPrefill) {
-  // A prefill sends no text, so only the engine's Abort ends it early.
-  std::thread client([&] { Client().Post("/v1/completions", R"({"prompt":"prefill"})", "application/json"); });
+  // A prefill sends no text, so only the engine's Abort ends it early; the
+  // client is told to come back (503, Retry-After), not that the server failed.
+  std::optional<testing_http::Answer> answer;
+  std::thread client([&] { answer = Client().Post("/v1/completions", R"({"prompt":"prefill"})", "application/json"); });
   while (engine_.prefill_steps_ < 5) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   server_->Stop();
   client.join();
   EXPECT_TRUE(engine_.aborted_);
   EXPECT_LT(engine_.prefill_steps_, WordEngine::kForever);
+  ASSERT_TRUE(answer);
+  EXPECT_EQ(answer->status, 503) << answer->body;
+  EXPECT_EQ(answer->retry_after, "1");
+}
+
+// A client that closes its connection mid-prefill cancels it: the slot is
+// free for the next request, long before the prefill would have ended.
+TEST_F(CompletionServerTest, AClientThatLeavesCancelsItsRequest) {
+  const int fd = testing_service::OpenLoopback(server_->port());
+  ASSERT_GE(fd, 0);
+  const std::string body = R"({"prompt":"prefill"})";
+  const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  ASSERT_EQ(::send(fd, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
+  while (engine_.prefill_steps_ < 5) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ::close(fd);
+  for (int i = 0; i < 2000 && !engine_.cancelled_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_TRUE(engine_.cancelled_) << "the prefill went on for a client that had gone";
+  EXPECT_LT(engine_.prefill_steps_, 3000);
+  auto next = Client().Post("/v1/completions", R"({"prompt":"a b","max_tokens":2})", "application/json");
+  ASSERT_TRUE(next);
+  EXPECT_EQ(next->status, 200) << next->body;
+}
+
+// With an API key every route but /healthz needs it; without it the body is
+// not read.
+TEST(CompletionServerAuth, EveryRouteButHealthzNeedsTheApiKey) {
+  WordEngine engine;
+  CompletionServerOptions o;
+  o.api_key = "k3y";
+  auto s = CompletionServer::Start(&engine, o);
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  testing_http::Client anonymous("127.0.0.1", (*s)->port());
+  testing_http::Client wrong("127.0.0.1", (*s)->port());
+  wrong.Bearer("k3x");
+  testing_http::Client right("127.0.0.1", (*s)->port());
+  right.Bearer("k3y");
+  EXPECT_EQ(anonymous.Get("/healthz")->status, 200);
+  EXPECT_EQ(anonymous.Get("/v1/models")->status, 401);
+  EXPECT_EQ(anonymous.Get("/metrics")->status, 401);
+  EXPECT_EQ(wrong.Get("/v1/models")->status, 401);
+  EXPECT_EQ(wrong.Post("/v1/completions", R"({"prompt":"a"})", "application/json")->status, 401);
+  EXPECT_EQ(right.Get("/v1/models")->status, 200);
+  auto done = right.Post("/v1/completions", R"({"prompt":"a b","max_tokens":2})", "application/json");
+  ASSERT_TRUE(done);
+  EXPECT_EQ(done->status, 200);
+  // Refused on the header: a body announced and never sent is not waited for.
+  const std::string answer = testing_service::RawRequest(
+      (*s)->port(), "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n", false, 2000);
+  EXPECT_EQ(testing_service::StatusOf(answer), 401) << answer;
 }
 
 }  // namespace

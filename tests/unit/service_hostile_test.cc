@@ -4,6 +4,7 @@
 // connection limits, and HTTP framing the server must refuse.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -178,6 +179,49 @@ TEST_F(HostileClients, AmbiguousRequestsAre400) {
                                         "x\r\nConnection: close\r\n\r\n")),
             400);
   EXPECT_FALSE(store_->Size(*ChunkKey::FromHex("00112233445566778899aabbccddeeff"), 0).ok());
+}
+
+// A store whose backend is down, with the errors a backend writes: paths
+// and hosts of the server's machine.
+class DownStore : public ForwardingStore {
+ public:
+  using ForwardingStore::ForwardingStore;
+  std::atomic<bool> down{false};
+  Result<std::vector<uint8_t>> Get(const ChunkKey& key, uint32_t level) override {
+    if (down) return Status::IOError("open /srv/secret/cache/00/x.0: Input/output error");
+    return ForwardingStore::Get(key, level);
+  }
+  Result<uint64_t> Size(const ChunkKey& key, uint32_t level) override {
+    if (down) return Status::IOError("stat /srv/secret/cache/00/x.0: Input/output error");
+    return ForwardingStore::Size(key, level);
+  }
+};
+
+// A store that is down: GET is 503 with Retry-After, saying nothing of the
+// server's paths; /readyz says not ready while /healthz (liveness) says ok.
+TEST_F(HostileClients, AStoreThatIsDownIsNotReadyAndHidesItsPaths) {
+  auto mem = OpenStore("mem://");
+  ASSERT_TRUE(mem.ok());
+  DownStore store(mem->get());
+  auto svc = Service::Start(&store, ServiceOptions{});
+  ASSERT_TRUE(svc.ok());
+  const int p = (*svc)->port();
+  auto get = [p](const std::string& path) {
+    return RawRequest(p, "GET " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  };
+  EXPECT_EQ(StatusOf(get("/readyz")), 200);
+  store.down = true;
+  const std::string chunk = get(kPath);
+  EXPECT_EQ(StatusOf(chunk), 503) << chunk;
+  EXPECT_EQ(chunk.find("/srv"), std::string::npos) << chunk;
+  EXPECT_NE(chunk.find("Retry-After: 1"), std::string::npos) << chunk;
+  const std::string ready = get("/readyz");
+  EXPECT_EQ(StatusOf(ready), 503) << ready;
+  EXPECT_EQ(ready.find("/srv"), std::string::npos) << ready;
+  EXPECT_EQ(StatusOf(get("/healthz")), 200);
+  store.down = false;
+  EXPECT_EQ(StatusOf(get("/readyz")), 200);
+  (*svc)->Stop();
 }
 
 }  // namespace

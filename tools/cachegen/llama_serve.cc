@@ -28,6 +28,7 @@ namespace {
 
 struct LlamaServeArgs {
   std::string model, store_uri, cache_server, token_file, profile, listen = "127.0.0.1:8080";
+  std::string api_key, api_key_file;  // the clients' bearer key (llama-server's flags)
   LlamaServeOptions engine;
   uint32_t queue = 16, max_tokens = 1024;
   uint32_t max_prompt_tokens = 0;  // 0: the context size
@@ -185,6 +186,12 @@ int RunLlamaServe(LlamaServeArgs a) {
   so.limits.max_tokens = a.max_tokens;
   // Generous for text: a token is rarely more than 16 bytes.
   so.limits.max_prompt_bytes = 16ull * (a.max_prompt_tokens ? a.max_prompt_tokens : a.engine.n_ctx) + 4096;
+  so.api_key = a.api_key;
+  if (!a.api_key_file.empty()) {
+    Result<std::string> key = ReadTokenFile(a.api_key_file);
+    if (!key.ok()) return Fail(key.status());
+    so.api_key = *key;
+  }
   // Block the signals before the server's threads start, so only sigwait sees them.
   sigset_t sigs;
   sigemptyset(&sigs);
@@ -224,6 +231,11 @@ const bool kRegistered = RegisterCommand(50, [](CLI::App& root) -> CommandRunner
   cs->excludes(st);
   sub->add_option("--token-file", a->token_file, "Bearer token for --cache-server writes");
   sub->add_option("--listen", a->listen, "HOST:PORT")->capture_default_str();
+  auto* key = sub->add_option("--api-key", a->api_key,
+                              "Clients must send Authorization: Bearer KEY on every route but /healthz (401 otherwise)");
+  auto* key_file = sub->add_option("--api-key-file", a->api_key_file, "File holding the API key (as --api-key)");
+  key->excludes(key_file);
+  key_file->excludes(key);
   sub->add_option("--slots", a->engine.slots, "Concurrent requests (one llama.cpp context each)")->capture_default_str();
   sub->add_option("--queue", a->queue, "Requests that may wait for a slot before 503")->capture_default_str();
   sub->add_option("--ctx", a->engine.n_ctx, "Context size per slot (tokens)")->capture_default_str();

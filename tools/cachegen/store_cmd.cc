@@ -15,6 +15,7 @@
 #include "cachegen/cli.h"
 #include "cachegen/codec.h"
 #include "cachegen/command.h"
+#include "cachegen/profile.h"
 #include "cachegen/store.h"
 #include "cachegen/stream.h"
 #include "store/file_store.h"
@@ -27,6 +28,7 @@ struct StoreArgs {
   bool json = false;
   bool delete_corrupt = false;
   bool bind = false;  // put: BindFrameToChunk first
+  bool deep = false;  // verify: the frames inside the records too
   std::string key;
   uint32_t level = 0;
   std::string file;  // put: input; get: output
@@ -82,6 +84,24 @@ int RunStat(const StoreArgs& a) {
   return 0;
 }
 
+// --deep: what a record holds must be what a reader takes: a frame bound to
+// the record's key and level whose sections verify and that decodes (a
+// frame coded with a model profile is verified, not decoded: the profile is
+// not at hand), or a model profile (ModelProfileKey, level 0).
+Status VerifyStoredFrame(std::span<const uint8_t> bytes, const ChunkKey& key, uint32_t level) {
+  Result<FrameInfo> info = VerifyFrame(bytes);
+  if (!info.ok()) {
+    if (level == 0 && Profile::Parse(bytes).ok()) return Status::Ok();
+    return info.status();
+  }
+  if (!info->chunk_key) return Status::Corrupt("frame is not bound to a chunk key (format version 1)");
+  if (*info->chunk_key != key) return Status::Corrupt("misplaced frame: it is chunk " + info->chunk_key->Hex());
+  if (info->level != level) return Status::Corrupt("frame is level " + std::to_string(info->level));
+  KVTensor out = KVTensor::Unfilled(info->shape, DType::kF16);
+  const Status st = DecodeFrame(bytes, out.view());
+  return st.code() == StatusCode::kNotFound ? Status::Ok() : st;  // kNotFound: its model profile is not here
+}
+
 int RunVerify(const StoreArgs& a) {
   auto s = OpenStore(a.uri, {.create = false});
   if (!s.ok()) return Fail(s.status());
@@ -91,8 +111,10 @@ int RunVerify(const StoreArgs& a) {
   if (!scan.ok()) return Fail(scan.status());
   uint64_t ok = 0, bad = 0, deleted = 0;
   nlohmann::json corrupt = nlohmann::json::array();
+  std::vector<uint8_t> bytes;
   for (const auto& e : scan->entries) {
-    const Status st = fs->VerifyEntry(e);
+    Status st = fs->VerifyEntry(e, a.deep ? &bytes : nullptr);
+    if (st.ok() && a.deep) st = VerifyStoredFrame(bytes, e.key, e.level);
     if (st.ok()) {
       ++ok;
       continue;
@@ -174,6 +196,9 @@ const bool kRegistered = RegisterCommand(45, [](CLI::App& root) -> CommandRunner
   add_uri(verify);
   verify->add_flag("--json", args->json, "Print one JSON object");
   verify->add_flag("--delete-corrupt", args->delete_corrupt, "Remove corrupt records (then exit 0)");
+  verify->add_flag("--deep", args->deep,
+                   "Also check each record's frame: sections against their checksums, bound to its key and "
+                   "level, and decoded (frames coded with a model profile are not decoded)");
   CLI::App* put = store->add_subcommand("put", "Store the bytes of IN as the frame of KEY at LEVEL");
   add_uri(put);
   put->add_option("key", args->key, "Chunk key: 32 hex digits")->required();

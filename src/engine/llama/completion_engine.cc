@@ -361,7 +361,7 @@ Result<PrefillResult> LlamaCompletionEngine::Prefill(uint32_t slot, std::span<co
           }
         });
     if (!r.ok()) return r.status();
-    if (aborting_.load()) return Status::Internal("prefill aborted: the engine is stopping");  // not a store failure
+    if (aborting_.load()) return Status::Unavailable("prefill aborted: the engine is stopping");  // not a store failure
     if (!r->errors.empty()) {
       // The request goes on (what failed is recomputed); the operator sees it.
       std::lock_guard lock(store_mu_);
@@ -394,13 +394,21 @@ Result<PrefillResult> LlamaCompletionEngine::Prefill(uint32_t slot, std::span<co
 Result<serve::CompletionResult> LlamaCompletionEngine::Complete(
     uint32_t slot, const serve::CompletionRequest& req, const std::function<bool(const std::string&)>& on_text) {
   const auto t0 = Clock::now();
+  if (slot >= contexts_.size()) return Status::InvalidArgument("no such slot");
+  LlamaContext& ctx = *contexts_[slot];
+  // A client that has gone ends this request's evaluations (prefill and
+  // generation) early.
+  ctx.SetCancel(req.client_gone);
+  struct CancelScope {
+    LlamaContext& ctx;
+    ~CancelScope() { ctx.SetCancel({}); }
+  } cancel_scope{ctx};
   Result<std::vector<int32_t>> tokens = PromptTokens(req);
   if (!tokens.ok()) return tokens.status();
   Result<PrefillResult> pre = Prefill(slot, *tokens, req.ttft_target_ms);
   if (!pre.ok()) return pre.status();
   serve::CompletionResult res;
   res.timings = pre->timings;
-  LlamaContext& ctx = *contexts_[slot];
   const llama_vocab* vocab = llama_model_get_vocab(model_->raw());
   Sampler sampler(req);
   int32_t pos = static_cast<int32_t>(tokens->size());

@@ -24,6 +24,7 @@ namespace cachegen {
 namespace {
 
 constexpr const char* kEvalAborted = "evaluation aborted: the engine is stopping";
+constexpr const char* kEvalCancelled = "evaluation cancelled: the client has gone";
 
 // While set, this thread's llama.cpp errors are collected here instead of
 // printed: a failed model load reports its first one in our error line.
@@ -205,10 +206,8 @@ Result<std::unique_ptr<LlamaContext>> LlamaContext::Create(std::shared_ptr<Llama
     cp.cb_eval = &LlamaContext::ObserveQueries;
     cp.cb_eval_user_data = out.get();
   }
-  if (options.abort) {
-    cp.abort_callback = [](void* flag) { return static_cast<const std::atomic<bool>*>(flag)->load(); };
-    cp.abort_callback_data = const_cast<std::atomic<bool>*>(options.abort);  // read only
-  }
+  cp.abort_callback = &LlamaContext::ShouldAbort;
+  cp.abort_callback_data = out.get();
   llama_context* ctx = llama_init_from_model(model->raw(), cp);
   if (!ctx) {
     return Status::InvalidArgument("llama.cpp could not create a context (cache " + options.cache_type +
@@ -239,6 +238,11 @@ Result<std::unique_ptr<LlamaContext>> LlamaContext::Create(std::shared_ptr<Llama
 
 // llama.cpp's graph names each layer's query "Qcur-<layer>" at every step of
 // its making; the output of the RoPE node is the query attention uses.
+bool LlamaContext::ShouldAbort(void* self) {
+  const auto* c = static_cast<const LlamaContext*>(self);
+  return (c->options_.abort && c->options_.abort->load()) || (c->cancelled_ && c->cancelled_());
+}
+
 bool LlamaContext::ObserveQueries(ggml_tensor* t, bool ask, void* user) {
   auto* self = static_cast<LlamaContext*>(user);
   int layer = -1;
@@ -271,7 +275,8 @@ Status LlamaContext::Truncate(int32_t seq, int32_t pos) {
 Status LlamaContext::Eval(std::span<const int32_t> tokens, int32_t pos0, int32_t seq, bool all_logits) {
   if (tokens.empty()) return Status::InvalidArgument("no tokens to evaluate");
   if (tokens.size() > options_.n_ctx) return Status::InvalidArgument("more tokens than the context holds");
-  if (options_.abort && options_.abort->load()) return Status::Internal(kEvalAborted);
+  if (options_.abort && options_.abort->load()) return Status::Unavailable(kEvalAborted);
+  if (cancelled_ && cancelled_()) return Status::Unavailable(kEvalCancelled);
   const uint32_t vocab = model_->info().vocab;
   for (int32_t t : tokens) {
     if (t < 0 || static_cast<uint32_t>(t) >= vocab) return Status::InvalidArgument("token id out of range");
@@ -286,10 +291,19 @@ Status LlamaContext::Eval(std::span<const int32_t> tokens, int32_t pos0, int32_t
   }
   batch.n_tokens = static_cast<int32_t>(tokens.size());
   if (observing_) query_pos_.assign(model_->info().layers, pos0);
+  // llama.cpp's error lines are kept: an abort is no error to log, and a
+  // failure reports them in its status.
+  std::string errors;
+  captured_errors = &errors;
   const int32_t rc = llama_decode(ctx_, batch);
+  captured_errors = nullptr;
   llama_batch_free(batch);
-  if (rc == 2 && options_.abort && options_.abort->load()) return Status::Internal(kEvalAborted);
-  if (rc != 0) return Status::Internal("llama_decode failed (" + std::to_string(rc) + ")");
+  if (rc == 2 && options_.abort && options_.abort->load()) return Status::Unavailable(kEvalAborted);
+  if (rc == 2 && cancelled_ && cancelled_()) return Status::Unavailable(kEvalCancelled);
+  if (rc != 0) {
+    while (!errors.empty() && errors.back() == '\n') errors.pop_back();
+    return Status::Internal("llama_decode failed (" + std::to_string(rc) + ")" + (errors.empty() ? "" : ": " + errors));
+  }
   outputs_ = all_logits ? tokens.size() : 1;
   first_output_ = all_logits ? 0 : tokens.size() - 1;
   logits_.resize(outputs_ * vocab);
