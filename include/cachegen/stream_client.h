@@ -66,6 +66,13 @@ struct StreamOptions {
   KVShape shape;
   // The model profiles chunk frames may reference (DecodeFrame); null: none.
   std::shared_ptr<const ProfileSet> profiles;
+  // The deadline bounds the whole fetch, lookup included, whatever the store
+  // does: at it the fetch returns what it delivered, the rest in
+  // `recompute`, with a "timed out" line in `errors` (timed_out); store
+  // calls still under way end on their own (the client waits for them only
+  // when it is destroyed). False: the deadline is a target only, and every
+  // chunk fetched is delivered however late (bench-stream scores lateness).
+  bool stop_at_deadline = true;
   // Once *cancel is true the fetch ends within a tick (2 ms), or when the
   // running decode or a store read that cannot be abandoned ends: chunks not
   // handed over come back in `recompute`, with one "cancelled" line in
@@ -96,7 +103,8 @@ struct StreamResult {
   double elapsed_ms = 0;            // lookup to last delivery
   double lookup_ms = 0;             // of which the prefix lookup
   double decode_ms = 0;             // summed decode time of delivered chunks (overlaps transfers)
-  bool deadline_met = false;
+  bool deadline_met = false;  // ended within the deadline, every chunk delivered or planned for recompute
+  bool timed_out = false;     // the deadline ended the fetch (StreamOptions::stop_at_deadline)
   double bandwidth_bytes_s = 0;  // final estimate; 0 when the link was never busy long enough to measure
   uint32_t reissued = 0;         // requests abandoned and re-issued at a coarser level (or for a backup)
   uint64_t abandoned_bytes = 0;  // bytes those had received (moved over the link, not delivered)
@@ -111,6 +119,8 @@ struct StreamResult {
   // (LevelPlanner::ReceiveCost; 0 with several decode threads: not measured).
   double receive_cost_ns_per_byte = 0;
 };
+
+struct FetchStragglers;  // internal (client.cc)
 
 class StreamClient {
  public:
@@ -143,6 +153,9 @@ class StreamClient {
   std::unique_ptr<TensorPool> pool_;
   struct MachineCosts;
   std::unique_ptr<MachineCosts> costs_;
+  // Threads of fetches that returned at their deadline while the store had
+  // not answered yet; joined by the destructor (the store outlives the client).
+  std::unique_ptr<FetchStragglers> stragglers_;
 };
 
 }  // namespace cachegen

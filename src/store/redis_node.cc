@@ -112,7 +112,12 @@ Result<ReplyPtr> RedisNode::Command(std::span<const std::string_view> argv, bool
     // a timeout is not (it would only double the wait).
     const bool closed = c->err == REDIS_ERR_EOF ||
                         (c->err == REDIS_ERR_IO && (saved_errno == ECONNRESET || saved_errno == EPIPE));
-    const std::string why = c->errstr[0] ? c->errstr : reply.status().message();
+    // hiredis reports a command timeout as the socket's EAGAIN ("Resource
+    // temporarily unavailable"): say what it was.
+    const bool timed_out = c->err == REDIS_ERR_IO && (saved_errno == EAGAIN || saved_errno == EWOULDBLOCK);
+    const std::string why = timed_out  ? "timed out after " + std::to_string(options_.timeout_ms) + " ms"
+                            : c->errstr[0] ? c->errstr
+                                           : reply.status().message();
     redisFree(c);
     if (pooled && closed && attempt == 0) continue;
     return Status::IOError("redis " + name_ + ": " + why);

@@ -12,6 +12,8 @@
 #include <time.h>
 #include <mutex>
 #include <numeric>
+#include <set>
+#include <functional>
 #include <optional>
 #include <span>
 #include <thread>
@@ -53,24 +55,105 @@ struct Done {
   Clock::time_point finished;
 };
 
+}  // namespace
+
+// Threads of fetches that returned while a store call of theirs was still
+// under way (a stalled store, at the deadline): they end when the call
+// does, and the client joins them (the store outlives the client), at the
+// latest in its destructor.
+struct FetchStragglers {
+  struct Thread {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  ~FetchStragglers() {
+    for (Thread& t : threads) t.thread.join();
+  }
+  void Add(std::thread thread, std::shared_ptr<std::atomic<bool>> done) {
+    std::lock_guard<std::mutex> lock(mu);
+    threads.push_back({std::move(thread), std::move(done)});
+  }
+  // Joins the threads that have ended.
+  void Reap() {
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto it = threads.begin(); it != threads.end();) {
+      if (!it->done->load()) {
+        ++it;
+        continue;
+      }
+      it->thread.join();
+      it = threads.erase(it);
+    }
+  }
+  std::mutex mu;
+  std::vector<Thread> threads;
+};
+
+namespace {
+
+// Runs `call` on a thread of its own and waits for it until `deadline`:
+// true when it ended. If not, the thread goes on to `stragglers` and
+// `call` must keep what it uses alive itself.
+bool RunUntil(const std::function<void()>& call, Clock::time_point deadline, FetchStragglers& stragglers) {
+  struct Wait {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool ended = false;
+  };
+  auto wait = std::make_shared<Wait>();
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  std::thread t([wait, done, call] {
+    call();
+    {
+      std::lock_guard<std::mutex> lock(wait->mu);
+      wait->ended = true;
+    }
+    wait->cv.notify_all();
+    *done = true;
+  });
+  std::unique_lock<std::mutex> lock(wait->mu);
+  if (wait->cv.wait_until(lock, deadline, [&] { return wait->ended; })) {
+    lock.unlock();
+    t.join();
+    return true;
+  }
+  stragglers.Add(std::move(t), std::move(done));
+  return false;
+}
+
 // Fetch workers: requests in, results out in the order they finished. It
 // counts the bytes that arrived for every request (abandoned ones too: they
 // used the link) and keeps the link's idle periods (nothing requested and
 // unfinished), so that bandwidth is measured over busy time only.
-class Fetcher {
+// Shared with its threads (Create): a fetch that returns while a store call
+// is under way (a stalled store) hands its threads to the client's
+// stragglers (Release), and the fetcher lives until the last one ends.
+class Fetcher : public std::enable_shared_from_this<Fetcher> {
  public:
-  Fetcher(ChunkStore* store, std::span<const ChunkKey> keys, uint32_t threads)
-      : store_(store), progress_(dynamic_cast<ProgressGetProvider*>(store)), keys_(keys) {
-    for (uint32_t i = 0; i < threads; ++i) threads_.emplace_back([this] { Run(); });
+  static std::shared_ptr<Fetcher> Create(ChunkStore* store, std::span<const ChunkKey> keys, uint32_t threads) {
+    auto f = std::shared_ptr<Fetcher>(new Fetcher(store, keys));
+    for (uint32_t i = 0; i < threads; ++i) {
+      auto done = std::make_shared<std::atomic<bool>>(false);
+      f->threads_.push_back({std::thread([f, done] {
+                               f->Run();
+                               *done = true;
+                             }),
+                             done});
+    }
+    return f;
   }
-  ~Fetcher() {
+  // Stops the threads: requests not started are dropped, those under way
+  // are abandoned where the store allows it; the threads go to `stragglers`.
+  void Release(FetchStragglers& stragglers) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       stop_ = true;
       for (auto& t : jobs_) t->cancel = true;
+      for (auto& t : running_) t->cancel = true;
     }
     cv_.notify_all();
-    for (auto& t : threads_) t.join();
+    for (auto& t : threads_) stragglers.Add(std::move(t.thread), std::move(t.done));
+    threads_.clear();
   }
   std::shared_ptr<Ticket> Issue(uint32_t chunk, uint32_t level) {
     auto t = std::make_shared<Ticket>();
@@ -133,6 +216,10 @@ class Fetcher {
         t = jobs_.front();
         jobs_.pop_front();
       }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        running_.insert(t);
+      }
       Done d;
       d.ticket = t;
       Result<std::vector<uint8_t>> got = Status::IOError("cancelled");
@@ -158,6 +245,7 @@ class Fetcher {
       else d.frame = got.status();
       {
         std::lock_guard<std::mutex> lock(mu_);
+        running_.erase(t);
         d.finished = Clock::now();  // under the lock: done_ stays in finish order
         --active_;
         last_finish_ = std::max(last_finish_, d.finished);
@@ -168,11 +256,20 @@ class Fetcher {
     }
   }
 
+  Fetcher(ChunkStore* store, std::span<const ChunkKey> keys)
+      : store_(store), progress_(dynamic_cast<ProgressGetProvider*>(store)), keys_(keys.begin(), keys.end()) {}
+
+  struct Worker {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
   ChunkStore* store_;
   ProgressGetProvider* progress_;
-  std::span<const ChunkKey> keys_;
+  const std::vector<ChunkKey> keys_;  // a copy: the threads may outlive the fetch
+  std::vector<Worker> threads_;
   std::mutex mu_;
   std::condition_variable cv_, done_cv_;
+  std::set<std::shared_ptr<Ticket>> running_;  // requests in a store call now
   std::deque<std::shared_ptr<Ticket>> jobs_;
   std::deque<Done> done_;
   uint64_t last_id_ = 0;
@@ -183,7 +280,6 @@ class Fetcher {
   std::vector<std::pair<Clock::time_point, Clock::time_point>> idle_;
   bool stop_ = false;
   bool woken_ = false;
-  std::vector<std::thread> threads_;
 };
 
 // A frame decoded, waiting to be handed over in chunk order.
@@ -405,7 +501,10 @@ struct StreamClient::MachineCosts {
 };
 
 StreamClient::StreamClient(ChunkStore* store)
-    : store_(store), pool_(std::make_unique<TensorPool>()), costs_(std::make_unique<MachineCosts>()) {}
+    : store_(store),
+      pool_(std::make_unique<TensorPool>()),
+      costs_(std::make_unique<MachineCosts>()),
+      stragglers_(std::make_unique<FetchStragglers>()) {}
 StreamClient::~StreamClient() = default;
 StreamClient::StreamClient(StreamClient&&) noexcept = default;
 StreamClient& StreamClient::operator=(StreamClient&&) noexcept = default;
@@ -424,8 +523,38 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
   StreamResult result;
   result.requested = static_cast<uint32_t>(keys.size());
 
-  const std::vector<CachedChunk> found =
-      LookupPrefix(*store_, keys, std::min(options.levels, kMaxChunkLevels), &result.lookup_status);
+  stragglers_->Reap();
+  // The lookup too ends by the deadline, whatever the store does (a stalled
+  // Redis answers each command only at its own timeout).
+  const bool stop_at_deadline = options.stop_at_deadline && options.deadline_ms < 1e12;
+  const Clock::time_point deadline =
+      stop_at_deadline ? t0 + std::chrono::microseconds(static_cast<int64_t>(options.deadline_ms * 1000.0))
+                       : Clock::time_point::max();
+  struct LookupCall {
+    std::vector<ChunkKey> keys;
+    std::vector<CachedChunk> found;
+    Status status;
+  };
+  auto lookup = std::make_shared<LookupCall>();
+  lookup->keys.assign(keys.begin(), keys.end());
+  const uint32_t lookup_levels = std::min(options.levels, kMaxChunkLevels);
+  ChunkStore* store = store_;
+  const auto run_lookup = [lookup, store, lookup_levels] {
+    lookup->found = LookupPrefix(*store, lookup->keys, lookup_levels, &lookup->status);
+  };
+  if (!stop_at_deadline) {
+    run_lookup();
+  } else if (!RunUntil(run_lookup, deadline, *stragglers_)) {
+    result.lookup_ms = result.elapsed_ms = Seconds(t0, Clock::now()) * 1000.0;
+    result.lookup_status =
+        Status::IOError("lookup timed out: the store did not answer within the deadline (" +
+                        std::to_string(static_cast<int64_t>(options.deadline_ms)) + " ms)");
+    result.errors.push_back("lookup: " + result.lookup_status.ToString());
+    result.timed_out = true;
+    return result;
+  }
+  result.lookup_status = lookup->status;
+  const std::vector<CachedChunk> found = std::move(lookup->found);
   result.lookup_ms = Seconds(t0, Clock::now()) * 1000.0;
   if (!result.lookup_status.ok()) result.errors.push_back("lookup: " + result.lookup_status.ToString());
   const uint32_t n = static_cast<uint32_t>(found.size());
@@ -454,7 +583,15 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
 
   // Twice the pipeline's threads: an abandoned request holds its thread until
   // its next bytes arrive, and must not delay the request that replaces it.
-  Fetcher fetcher(store_, keys.first(n), 2 * options.inflight);
+  const std::shared_ptr<Fetcher> fetcher_owner = Fetcher::Create(store_, keys.first(n), 2 * options.inflight);
+  Fetcher& fetcher = *fetcher_owner;
+  // Whatever happens below, the fetcher's threads go to the stragglers when
+  // the fetch returns (after the decoder, declared after this).
+  struct ReleaseFetcher {
+    Fetcher& fetcher;
+    FetchStragglers& stragglers;
+    ~ReleaseFetcher() { fetcher.Release(stragglers); }
+  } release_fetcher{fetcher, *stragglers_};
   std::vector<std::optional<Done>> ready(n);
   std::vector<bool> skipped(n, false);  // recompute chosen at issue time, or failed
   std::vector<int> issued_level(n, -1);
@@ -863,6 +1000,13 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
       result.errors.push_back("cancelled: " + std::to_string(n - next_deliver) + " chunk(s) not delivered");
       break;
     }
+    if (Clock::now() >= deadline) {
+      result.errors.push_back("timed out: " + std::to_string(n - next_deliver) +
+                              " chunk(s) not delivered by the deadline (" +
+                              std::to_string(static_cast<int64_t>(options.deadline_ms)) + " ms)");
+      result.timed_out = true;
+      break;
+    }
     while (auto r = fetcher.Next(0)) complete(std::move(*r));
     collect_decode();
     decode_next();  // first: the decoder idles until then
@@ -877,7 +1021,7 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
   for (uint32_t i = 0; i < n; ++i)
     if (result.levels[i] < 0) result.recompute.push_back(i);
   result.elapsed_ms = Seconds(t0, Clock::now()) * 1000.0;
-  result.deadline_met = result.elapsed_ms <= options.deadline_ms;
+  result.deadline_met = !result.timed_out && result.elapsed_ms <= options.deadline_ms;
   result.bandwidth_bytes_s = planner.bandwidth();
   result.receive_cost_ns_per_byte = planner.ReceiveCost() * 1e9;
   {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -716,6 +717,67 @@ TEST_P(ServiceTest, ADamagedLevelFallsBackToAnotherStoredLevel) {
   EXPECT_EQ(FetchLevels(store_.get(), c, &r), (std::map<uint32_t, uint32_t>{{0, 0}, {1, 1}, {2, 0}}));
   EXPECT_EQ(r.rejected, 1u);
   EXPECT_NE(r.errors[0].find("section checksum mismatch; trying level 1"), std::string::npos) << r.errors[0];
+}
+
+// A store that stops answering (a Redis under SIGSTOP): its calls block
+// until Release.
+class StalledStore : public ForwardingStore {
+ public:
+  using ForwardingStore::ForwardingStore;
+  std::atomic<bool> stall_sizes{false}, stall_gets{false};
+  void Release() {
+    std::lock_guard<std::mutex> lock(mu_);
+    released_ = true;
+    cv_.notify_all();
+  }
+  Result<std::vector<uint8_t>> Get(const ChunkKey& key, uint32_t level) override {
+    if (stall_gets) Wait();
+    return ForwardingStore::Get(key, level);
+  }
+  Result<uint64_t> Size(const ChunkKey& key, uint32_t level) override {
+    if (stall_sizes) Wait();
+    return ForwardingStore::Size(key, level);
+  }
+
+ private:
+  void Wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return released_; });
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool released_ = false;
+};
+
+// The deadline bounds the whole fetch whatever the store does: a lookup or
+// reads that never answer end the fetch at the deadline, timed out, every
+// chunk left to recompute; the store's calls end later, on their own.
+TEST(StreamDeadline, AStalledStoreCannotHoldAFetchPastItsDeadline) {
+  TestContext c = MakeContext(64);
+  auto mem = OpenStore("mem://");
+  ASSERT_TRUE(mem.ok());
+  ASSERT_TRUE(PutContext(**mem, c.root, c.tokens, c.kv.view(), *Encoder::Create(c.config)).ok());
+  for (const bool lookup : {true, false}) {
+    StalledStore store(mem->get());
+    (lookup ? store.stall_sizes : store.stall_gets) = true;
+    {
+      StreamClient client(&store);
+      StreamOptions opts;
+      opts.deadline_ms = 300;
+      const auto t0 = std::chrono::steady_clock::now();
+      auto r = client.FetchTokens(c.root, c.tokens, c.chunk_tokens, opts, nullptr);
+      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      ASSERT_TRUE(r.ok());
+      EXPECT_LT(ms, 1000) << (lookup ? "lookup" : "reads");
+      EXPECT_TRUE(r->timed_out);
+      EXPECT_FALSE(r->deadline_met);
+      EXPECT_EQ(r->cached, lookup ? 0u : 4u);
+      EXPECT_EQ(r->recompute.size(), lookup ? 0u : 4u);
+      ASSERT_FALSE(r->errors.empty());
+      EXPECT_NE(r->errors.back().find("timed out"), std::string::npos) << r->errors.back();
+      store.Release();  // before the client joins its stragglers
+    }
+  }
 }
 
 TEST_P(ServiceTest, MetricsAndHealth) {

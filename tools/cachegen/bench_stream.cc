@@ -261,6 +261,7 @@ int RunBenchStream(const BenchStreamArgs& a) {
           const size_t c = (j + rep) % k;
           StreamOptions o;
           o.deadline_ms = deadline;
+          o.stop_at_deadline = false;  // scored: how late a strategy delivers, not what it drops
           o.fixed_level = c < kAdaptive ? -1 : static_cast<int>(c - kAdaptive);
           if (c == 1) o.initial_bandwidth_bytes_s = warm_bandwidth;
           if (c == 2 && a.previous) o.measured_margins = o.hedge = false;

@@ -221,6 +221,7 @@ int RunFetch(const FetchArgs& a) {
                      {"bytes", r->bytes},
                      {"elapsed_ms", r->elapsed_ms},
                      {"deadline_met", r->deadline_met},
+                     {"timed_out", r->timed_out},
                      {"rejected", r->rejected},
                      {"fallbacks", r->fallbacks},
                      {"bandwidth_mbit_s", r->bandwidth_bytes_s * 8 / 1e6}};
