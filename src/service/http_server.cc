@@ -37,6 +37,9 @@ struct Conn {
   tcp::socket socket;     // the reactor's; its descriptor moves to a worker for the answer
   net::steady_timer timer;  // the deadline of the read under way
   bool timed_out = false;
+  // Reactor thread only: a worker has the connection (a deadline that fired
+  // just before it was cancelled must not touch the socket meanwhile).
+  bool at_worker = false;
   beast::flat_buffer buffer;  // Beast reads what it holds, at most 64 KiB; pipelined bytes stay here
   std::optional<Parser> parser;
   std::string ip;
@@ -83,14 +86,13 @@ struct HttpServer::Impl {
   std::set<ConnPtr> conns;                 // open, in the reactor's hands or a worker's
   std::map<std::string, uint32_t> per_ip;  // open connections by client address
   // Shared:
-  std::mutex mu;  // guards the five below
+  std::mutex mu;  // guards the four below
   std::condition_variable cv;
   std::condition_variable idle;  // a worker finished an answer (Stop's grace)
   std::deque<ConnPtr> queue;    // requests read whole, no worker took yet
   std::set<Session*> sessions;  // answers being written
   uint64_t inflight_body = 0;   // bytes reserved by requests being read or handled
   bool stopping = false;
-  bool stopped = false;
 
   Status Bind() {
     beast::error_code ec;
@@ -186,7 +188,7 @@ struct HttpServer::Impl {
     c->timed_out = false;
     c->timer.expires_after(std::chrono::milliseconds(ms));
     c->timer.async_wait([c](beast::error_code ec) {
-      if (ec) return;  // cancelled: the read ended first
+      if (ec || c->at_worker) return;  // cancelled: the read ended first
       c->timed_out = true;
       beast::error_code ignored;
       c->socket.cancel(ignored);
@@ -306,6 +308,7 @@ struct HttpServer::Impl {
     {
       std::lock_guard<std::mutex> lock(mu);
       if (stopping) return Close(c);
+      c->at_worker = true;
       queue.push_back(c);
     }
     cv.notify_one();
@@ -333,6 +336,7 @@ struct HttpServer::Impl {
       idle.notify_all();
       Release(*c);
       net::post(io, [this, c, keep] {
+        c->at_worker = false;
         if (!keep || !c->socket.is_open()) return Close(c);
         c->first = false;
         ReadHeader(c);
