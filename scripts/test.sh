@@ -133,6 +133,8 @@ python3 -c 'import sys; b=bytearray(open(sys.argv[1],"rb").read()); b[-1]^=0x40;
   "$tmp/a.cgkv" "$tmp/flipped.cgkv"
 expect_rc 1 build/cachegen inspect "$tmp/flipped.cgkv"
 expect_rc 1 build/cachegen decode "$tmp/junk.cgkv" -o "$tmp/x.npy"
+# A container that decodes to more than the decode bound is refused before anything is allocated.
+expect_rc 1 build/cachegen decode "$tmp/a.cgkv" -o "$tmp/x.npy" --max-output-bytes 1000
 expect_rc 1 build/cachegen encode "$tmp/missing.npy" -o "$tmp/x.cgkv"
 expect_rc 1 build/cachegen encode synthetic:1,2 -o "$tmp/x.cgkv"
 expect_rc 2 build/cachegen encode

@@ -199,6 +199,14 @@ Result<FrameInfo> InspectFrame(std::span<const uint8_t> frame);
 // decoding: kCorrupt names the first damaged section. What a store or a
 // tool checks before it keeps or vouches for a frame.
 Result<FrameInfo> VerifyFrame(std::span<const uint8_t> frame);
+// The most bytes of decoded KV the library allocates for `input_bytes` of
+// frames or container: 1024 x input + 64 MiB (docs/FORMAT.md, "Decode
+// bound"). Coded KV is far smaller than that ratio (all-zero KV in
+// 4096-token chunks, the most compressible there is, codes at 3945 x
+// smaller than f16); a header claiming more from few bytes is an attack or
+// damage, refused before anything is allocated.
+uint64_t DecodeOutputLimit(uint64_t input_bytes);
+
 // The same frame bound to the chunk key it is stored under (format version
 // 2): a reader that fetched it as chunk `key` can tell it from a frame stored
 // under the wrong key. Section payloads are unchanged; kCorrupt when `frame`
@@ -243,7 +251,11 @@ class Decoder {
 
   // Decodes every chunk at `level` into `out` (shape = info().shape).
   Status Decode(const KVView& out, uint32_t level = 0, uint32_t threads = 0) const;
-  Result<KVTensor> Decode(DType dtype, uint32_t level = 0, uint32_t threads = 0) const;
+  // The same into a tensor it allocates, of at most `max_output_bytes`
+  // (0: DecodeOutputLimit of the container's size); a container that claims
+  // more is refused before anything is allocated (kInvalidArgument).
+  Result<KVTensor> Decode(DType dtype, uint32_t level = 0, uint32_t threads = 0,
+                          uint64_t max_output_bytes = 0) const;
   // The frame of chunk `chunk` at `level`.
   Result<std::span<const uint8_t>> Frame(uint32_t chunk, uint32_t level) const;
 

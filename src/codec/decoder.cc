@@ -155,7 +155,18 @@ Status Decoder::Decode(const KVView& out, uint32_t level, uint32_t threads) cons
   });
 }
 
-Result<KVTensor> Decoder::Decode(DType dtype, uint32_t level, uint32_t threads) const {
+uint64_t DecodeOutputLimit(uint64_t input_bytes) {
+  constexpr uint64_t kRatio = 1024, kSlack = 64ull << 20;
+  return input_bytes > (UINT64_MAX - kSlack) / kRatio ? UINT64_MAX : kRatio * input_bytes + kSlack;
+}
+
+Result<KVTensor> Decoder::Decode(DType dtype, uint32_t level, uint32_t threads, uint64_t max_output_bytes) const {
+  const uint64_t limit = max_output_bytes ? max_output_bytes : DecodeOutputLimit(bytes_.size());
+  const uint64_t want = info_.shape.values() * DTypeSize(dtype);
+  if (want > limit)
+    return Status::InvalidArgument("container of " + std::to_string(bytes_.size()) + " bytes claims " +
+                                   std::to_string(want) + " bytes of KV, over the decode limit of " +
+                                   std::to_string(limit) + " (docs/FORMAT.md, \"Decode bound\")");
   // Not zero-filled first: the chunks tile the container's tokens
   // (ParseContainer) and every section decode writes all rows of its layer
   // and K|V (decoder_fill_test checks each codec). On an error the tensor is

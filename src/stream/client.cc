@@ -791,6 +791,9 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
     if (!d.frame.ok()) return;
     const uint32_t c = d.ticket->chunk;
     Result<FrameInfo> info = FrameIsChunk(**d.frame, keys[c], d.ticket->level, chunk_start[c], chunk_tokens[c]);
+    if (info.ok() && info->shape.values() * DTypeSize(options.dtype) > DecodeOutputLimit((*d.frame)->size()))
+      info = Status::Corrupt("frame of " + std::to_string((*d.frame)->size()) + " bytes claims " +
+                             info->shape.ToString() + ", over the decode limit (docs/FORMAT.md, \"Decode bound\")");
     if (info.ok()) {
       KVShape want = options.shape;
       if (like) want = like->shape;

@@ -255,3 +255,35 @@ TEST(Encoder, EncodeChunkFrames) {
 
 }  // namespace
 }  // namespace cachegen
+
+namespace cachegen {
+namespace {
+
+// Decoded KV is allocated only up to the decode bound: all-zero KV, the most
+// compressible input, decodes within the default; a bound below the claim
+// is refused before anything is allocated.
+TEST(Decoder, RefusesAContainerThatClaimsMoreThanTheDecodeBound) {
+  EXPECT_EQ(DecodeOutputLimit(0), 64ull << 20);
+  EXPECT_EQ(DecodeOutputLimit(1000), 1024000 + (64ull << 20));
+  EXPECT_EQ(DecodeOutputLimit(UINT64_MAX), UINT64_MAX);
+  KVTensor zeros(KVShape{2, 2, 64, 1024}, DType::kF16);  // zero-filled
+  CodecConfig cfg;
+  cfg.chunk_tokens = 1024;
+  auto enc = Encoder::Create(cfg);
+  ASSERT_TRUE(enc.ok());
+  auto bytes = enc->Encode(zeros.view());
+  ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+  auto dec = Decoder::Open(*bytes);
+  ASSERT_TRUE(dec.ok());
+  const uint64_t want = zeros.shape().values() * 2;
+  EXPECT_GT(want, 100 * bytes->size()) << "zeros compress far";
+  EXPECT_TRUE(dec->Decode(DType::kF16).ok());
+  EXPECT_TRUE(dec->Decode(DType::kF16, 0, 1, want).ok());
+  auto refused = dec->Decode(DType::kF16, 0, 1, want - 1);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("decode limit"), std::string::npos) << refused.status().ToString();
+}
+
+}  // namespace
+}  // namespace cachegen

@@ -105,6 +105,7 @@ int RunEncode(const EncodeArgs& a) {
 struct DecodeArgs {
   std::string input, output, dtype, profile;
   uint32_t level = 0, threads = 0;
+  uint64_t max_output_bytes = 0;  // 0: DecodeOutputLimit
 };
 
 int RunDecode(const DecodeArgs& a) {
@@ -122,7 +123,7 @@ int RunDecode(const DecodeArgs& a) {
   }
   Result<KVFileFormat> fmt = KVFileFormatFromPath(a.output);
   if (!fmt.ok()) return Fail(fmt.status());
-  Result<KVTensor> t = dec->Decode(dtype, a.level, a.threads);
+  Result<KVTensor> t = dec->Decode(dtype, a.level, a.threads, a.max_output_bytes);
   if (!t.ok()) return Fail(t.status());
   Status st = WriteKV(a.output, *t);
   if (!st.ok()) return Fail(st);
@@ -260,6 +261,9 @@ int Main(int argc, char** argv) {
   dec->add_option("--level", da.level, "Quality level to decode (0 = best)")->capture_default_str();
   dec->add_option("--dtype", da.dtype, "Output dtype f32|f16|bf16 (default: the source dtype)");
   dec->add_option("--threads", da.threads, "Worker threads (0 = all cores)")->capture_default_str();
+  dec->add_option("--max-output-bytes", da.max_output_bytes,
+                  "Refuse a container that decodes to more bytes (0: 1024 x its size + 64 MiB, docs/FORMAT.md)")
+      ->capture_default_str();
   dec->add_option("--profile", da.profile,
                   "Model profile the frames reference (.cgprof; default: the automatic profiles cached here)");
 
