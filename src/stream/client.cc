@@ -128,7 +128,7 @@ bool RunUntil(const std::function<void()>& call, Clock::time_point deadline, Fet
 // Shared with its threads (Create): a fetch that returns while a store call
 // is under way (a stalled store) hands its threads to the client's
 // stragglers (Release), and the fetcher lives until the last one ends.
-class Fetcher : public std::enable_shared_from_this<Fetcher> {
+class Fetcher {
  public:
   static std::shared_ptr<Fetcher> Create(ChunkStore* store, std::span<const ChunkKey> keys, uint32_t threads) {
     auto f = std::shared_ptr<Fetcher>(new Fetcher(store, keys));
@@ -215,10 +215,7 @@ class Fetcher : public std::enable_shared_from_this<Fetcher> {
         if (stop_) return;
         t = jobs_.front();
         jobs_.pop_front();
-      }
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        running_.insert(t);
+        running_.insert(t);  // under the same lock: Release cancels it from here on
       }
       Done d;
       d.ticket = t;
