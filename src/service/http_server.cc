@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -53,6 +54,31 @@ using ConnPtr = std::shared_ptr<Conn>;
 // of one answer.
 struct Session {
   BlockingStream io;
+};
+
+// Whether a client has closed its connection, for handlers that poll it
+// often (llama.cpp's abort callback runs between every pair of graph
+// nodes): the socket is polled at most once a millisecond, and a close seen
+// is kept. Callable from any thread.
+class PeerWatch {
+ public:
+  explicit PeerWatch(int fd) : fd_(fd) {}
+  bool Gone() {
+    if (gone_.load(std::memory_order_relaxed)) return true;
+    const int64_t now = Clock::now().time_since_epoch().count();
+    int64_t next = next_poll_.load(std::memory_order_relaxed);
+    if (now < next || !next_poll_.compare_exchange_strong(next, now + kPollEvery)) return false;
+    pollfd p{fd_, POLLRDHUP, 0};
+    if (::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) gone_ = true;
+    return gone_.load();
+  }
+
+ private:
+  static constexpr int64_t kPollEvery =
+      std::chrono::duration_cast<Clock::duration>(std::chrono::milliseconds(1)).count();
+  const int fd_;
+  std::atomic<int64_t> next_poll_{0};
+  std::atomic<bool> gone_{false};
 };
 
 // Whether a request header breaks rules that a lenient parser lets
@@ -358,10 +384,8 @@ struct HttpServer::Impl {
     }
     const HttpRequest& req = c->parser->get();
     HttpReply reply;
-    reply.peer_gone = [fd] {
-      pollfd p{fd, POLLRDHUP, 0};
-      return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
-    };
+    auto watch = std::make_shared<PeerWatch>(fd);
+    reply.peer_gone = [watch] { return watch->Gone(); };
     try {
       handlers.handle(req, reply);
     } catch (const std::exception&) {
