@@ -1,0 +1,105 @@
+// LinkTrace and LinkQueue (link_trace.h).
+#include "stream/link_trace.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <filesystem>
+
+#include "kv/io.h"
+
+namespace cachegen::sim {
+namespace {
+
+// A trace file larger than this is refused before it is read whole: the
+// longest shared trace (786 s of LTE) is 2.3 MB.
+constexpr uint64_t kMaxTraceBytes = 256ull << 20;
+
+}  // namespace
+
+Result<LinkTrace> LinkTrace::Parse(std::string_view text, double time_scale) {
+  if (!(time_scale > 0) || !std::isfinite(time_scale))
+    return Status::InvalidArgument("link trace: time scale must be > 0");
+  std::vector<double> times;
+  uint64_t last_ms = 0;
+  size_t line_no = 0;
+  for (size_t at = 0; at < text.size();) {
+    size_t end = text.find('\n', at);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view line = text.substr(at, end - at);
+    at = end + 1;
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.empty()) continue;
+    uint64_t ms = 0;
+    const auto [p, ec] = std::from_chars(line.data(), line.data() + line.size(), ms);
+    if (ec != std::errc() || p != line.data() + line.size() || ms > (1ull << 40))
+      return Status::InvalidArgument("link trace line " + std::to_string(line_no) + ": not a millisecond count");
+    if (ms < last_ms)
+      return Status::InvalidArgument("link trace line " + std::to_string(line_no) + ": time goes backwards");
+    last_ms = ms;
+    times.push_back(static_cast<double>(ms) / 1000.0 / time_scale);
+  }
+  if (times.empty()) return Status::InvalidArgument("link trace: no delivery opportunities");
+  if (last_ms == 0) return Status::InvalidArgument("link trace: its last time must be > 0 ms (the loop period)");
+  const double period = static_cast<double>(last_ms) / 1000.0 / time_scale;
+  return LinkTrace(std::move(times), period);
+}
+
+Result<LinkTrace> LinkTrace::Load(const std::string& path, double time_scale) {
+  std::error_code ec;
+  const uint64_t size = std::filesystem::file_size(path, ec);
+  if (!ec && size > kMaxTraceBytes)
+    return Status::InvalidArgument(path + ": a link trace of " + std::to_string(size) + " bytes is over the " +
+                                   std::to_string(kMaxTraceBytes) + "-byte limit");
+  CG_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadFileBytes(path));
+  Result<LinkTrace> t = Parse(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), time_scale);
+  if (!t.ok()) return Status::InvalidArgument(path + ": " + t.status().message());
+  return t;
+}
+
+LinkTrace LinkTrace::Constant(double bytes_per_s) {
+  const double gap = kPacketBytes / bytes_per_s;
+  return LinkTrace({gap}, gap);
+}
+
+double LinkTrace::TimeOfPacket(uint64_t index) const {
+  const uint64_t n = times_s_.size();
+  return static_cast<double>(index / n) * period_s_ + times_s_[index % n];
+}
+
+uint64_t LinkTrace::FirstPacketAt(double t_s) const {
+  if (!(t_s > 0)) return 0;
+  const uint64_t n = times_s_.size();
+  const auto loop = static_cast<uint64_t>(std::floor(t_s / period_s_));
+  // A loop's opportunities lie in [loop * period, (loop + 1) * period]: the
+  // previous loop's last ones can still be at or after t_s.
+  for (uint64_t l = loop > 0 ? loop - 1 : 0; l <= loop; ++l) {
+    const double in_loop = t_s - static_cast<double>(l) * period_s_;
+    const auto it = std::lower_bound(times_s_.begin(), times_s_.end(), in_loop);
+    if (it != times_s_.end()) return l * n + static_cast<uint64_t>(it - times_s_.begin());
+  }
+  return (loop + 1) * n;
+}
+
+LinkQueue::Transfer LinkQueue::Send(double sent_s, uint64_t bytes) {
+  Transfer t;
+  t.bytes = bytes;
+  t.sent_s = t.done_s = sent_s;
+  t.packets = (bytes + LinkTrace::kPacketBytes - 1) / LinkTrace::kPacketBytes;
+  t.first_packet = std::max(next_packet_, trace_->FirstPacketAt(sent_s));
+  if (t.packets == 0) return t;
+  next_packet_ = t.first_packet + t.packets;
+  t.done_s = trace_->TimeOfPacket(next_packet_ - 1);
+  return t;
+}
+
+uint64_t LinkQueue::ReceivedBy(const Transfer& t, double t_s) const {
+  if (t.packets == 0 || t_s < trace_->TimeOfPacket(t.first_packet)) return 0;
+  if (t_s >= t.done_s) return t.bytes;
+  // Opportunities of the transfer at or before t_s: those before the first at or after a time just past it.
+  const uint64_t upto = std::min(trace_->FirstPacketAt(std::nextafter(t_s, INFINITY)), t.first_packet + t.packets);
+  return std::min(t.bytes, (upto - t.first_packet) * uint64_t{LinkTrace::kPacketBytes});
+}
+
+}  // namespace cachegen::sim
