@@ -70,9 +70,13 @@ std::vector<CachedChunk> LookupPrefix(ChunkStore& store, std::span<const ChunkKe
 // commas (a tokens file). InvalidArgument names the first bad entry.
 Result<std::vector<TokenId>> ParseTokenIds(std::string_view text);
 
-// VerifyFrame, and the frame proves it is the chunk it was fetched as: bound
-// to `key` (BindFrameToChunk), at `level`, holding tokens [token_start,
-// token_start + tokens). kCorrupt names the first mismatch; a reader counts
+// VerifyFrame, and the frame is bound to `key` (BindFrameToChunk) at
+// `level`: what a store's record under (key, level) must hold. kCorrupt names
+// the first mismatch.
+Result<FrameInfo> FrameIsStoredAs(std::span<const uint8_t> frame, const ChunkKey& key, uint32_t level);
+
+// FrameIsStoredAs, and the frame proves it is the chunk it was fetched as:
+// holding tokens [token_start, token_start + tokens). kCorrupt names the first mismatch; a reader counts
 // such a frame as a miss (StreamClient does, and tries another level).
 Result<FrameInfo> FrameIsChunk(std::span<const uint8_t> frame, const ChunkKey& key, uint32_t level,
                                uint32_t token_start, uint32_t tokens);

@@ -63,8 +63,10 @@ Status Codec::DecodeSectionToView(const SectionContext& ctx, std::span<const uin
   return Status::Ok();
 }
 
-Result<FrameInfo> InspectFrame(std::span<const uint8_t> frame) {
-  CG_ASSIGN_OR_RETURN(ParsedFrame p, ParseFrame(frame));
+namespace {
+
+// The facts of a parsed frame (InspectFrame, VerifyFrame).
+Result<FrameInfo> FrameFacts(const ParsedFrame& p, std::span<const uint8_t> frame) {
   CG_ASSIGN_OR_RETURN(const Codec* codec, FrameCodec(static_cast<uint8_t>(p.header.codec), p.header.params));
   FrameInfo info;
   info.codec = std::string(codec->name());
@@ -84,9 +86,16 @@ Result<FrameInfo> InspectFrame(std::span<const uint8_t> frame) {
   return info;
 }
 
-Result<FrameInfo> VerifyFrame(std::span<const uint8_t> frame) {
-  CG_ASSIGN_OR_RETURN(FrameInfo info, InspectFrame(frame));
+}  // namespace
+
+Result<FrameInfo> InspectFrame(std::span<const uint8_t> frame) {
   CG_ASSIGN_OR_RETURN(ParsedFrame p, ParseFrame(frame));
+  return FrameFacts(p, frame);
+}
+
+Result<FrameInfo> VerifyFrame(std::span<const uint8_t> frame) {
+  CG_ASSIGN_OR_RETURN(ParsedFrame p, ParseFrame(frame));
+  CG_ASSIGN_OR_RETURN(FrameInfo info, FrameFacts(p, frame));
   for (uint32_t layer = 0; layer < p.header.shape.layers; ++layer)
     for (KV kv : {KV::kKey, KV::kValue}) CG_RETURN_IF_ERROR(SectionPayload(p, frame, layer, kv).status());
   return info;

@@ -21,10 +21,6 @@ constexpr uint32_t kMaxLayers = 4096;  // KVShape::Validate's limit
 
 const char* KVName(KV kv) { return kv == KV::kKey ? "K" : "V"; }
 
-}  // namespace
-
-namespace {
-
 // The header of a frame (everything before its first section payload), for
 // sections of the given sizes, side bytes and checksums in table order.
 std::vector<uint8_t> WriteHeader(const FrameHeader& header, std::span<const SectionEntry> sections,

@@ -52,6 +52,7 @@ using FrameBytes = std::shared_ptr<const std::vector<uint8_t>>;
 struct Done {
   std::shared_ptr<Ticket> ticket;
   Result<FrameBytes> frame = Status::Internal("not fetched");
+  FrameInfo info;  // of `frame`, once the fetch took it (FrameIsChunk)
   Clock::time_point finished;
 };
 
@@ -806,7 +807,8 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
       d.frame = info.status();
       return;
     }
-    if (!like) like = std::move(info).value();
+    if (!like) like = *info;
+    d.info = std::move(info).value();
   };
   // Levels requested per chunk (a bit each), so that a chunk whose frame
   // failed is asked for at a stored level not tried yet: coarser first
@@ -882,13 +884,7 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
   auto start_decode = [&](uint32_t c, const Done* d) {
     const bool from_backup = !ready[c];
     discard(ahead[c]);  // decoded from the other frame: not what is handed over
-    const FrameBytes& frame = *d->frame;
-    Result<FrameInfo> info = InspectFrame(*frame);
-    if (!info.ok()) {
-      ahead[c] = Ahead{from_backup, info.status()};
-      return;
-    }
-    decoder.Submit(DecodeTask{c, from_backup, frame, info->token_start, take_tensor(info->shape)});
+    decoder.Submit(DecodeTask{c, from_backup, *d->frame, d->info.token_start, take_tensor(d->info.shape)});
   };
   // Keeps the decoder busy: chunk next_deliver once it is here, else the
   // earliest later chunk whose frame is here and will be handed over (its

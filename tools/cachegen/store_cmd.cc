@@ -89,14 +89,11 @@ int RunStat(const StoreArgs& a) {
 // frame coded with a model profile is verified, not decoded: the profile is
 // not at hand), or a model profile (ModelProfileKey, level 0).
 Status VerifyStoredFrame(std::span<const uint8_t> bytes, const ChunkKey& key, uint32_t level) {
-  Result<FrameInfo> info = VerifyFrame(bytes);
+  Result<FrameInfo> info = FrameIsStoredAs(bytes, key, level);
   if (!info.ok()) {
     if (level == 0 && Profile::Parse(bytes).ok()) return Status::Ok();
     return info.status();
   }
-  if (!info->chunk_key) return Status::Corrupt("frame is not bound to a chunk key (format version 1)");
-  if (*info->chunk_key != key) return Status::Corrupt("misplaced frame: it is chunk " + info->chunk_key->Hex());
-  if (info->level != level) return Status::Corrupt("frame is level " + std::to_string(info->level));
   KVTensor out = KVTensor::Unfilled(info->shape, DType::kF16);
   const Status st = DecodeFrame(bytes, out.view());
   return st.code() == StatusCode::kNotFound ? Status::Ok() : st;  // kNotFound: its model profile is not here

@@ -182,7 +182,6 @@ void QuantizeRow(const float* row, const float* pred, const float* st, const flo
   QuantizeRowScalar(row, pred, st, inv, n, sym, out);
 }
 
-
 void LloydRowScalar(const LloydRowInput& in, int32_t* q, float* rec, float* level) {
   for (uint32_t c = 0; c < in.n; ++c) LloydValue(in, c, q, rec, level);
 }
