@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <map>
 #include <memory>
 #include <deque>
 #include <system_error>
@@ -20,6 +21,7 @@
 #include <utility>
 
 #include "common/parallel.h"
+#include "stream/fetch_session.h"
 #include "stream/progress_get.h"
 
 namespace cachegen {
@@ -431,6 +433,165 @@ class FetchDecoder {
   std::thread thread_;  // last: started once the rest is set up
 };
 
+// The real driver of a FetchSession: requests go to the Fetcher's threads,
+// decodes to the FetchDecoder, time is the steady clock since the fetch
+// began. Keeps the frames that arrived (proved to be their chunk) and the
+// decoded tensors until the session hands them over or lets them go.
+class ClientIo final : public FetchIo {
+ public:
+  using TakeTensor = std::function<KVTensor(const KVShape&)>;
+  using GiveTensor = std::function<void(KVTensor&&)>;
+  ClientIo(Clock::time_point t0, std::span<const ChunkKey> keys, std::span<const uint32_t> chunk_tokens,
+           const StreamOptions& options, Fetcher& fetcher, FetchDecoder& decoder, TakeTensor take, GiveTensor give,
+           const ChunkCallback& on_chunk)
+      : t0_(t0),
+        keys_(keys),
+        chunk_tokens_(chunk_tokens),
+        options_(options),
+        fetcher_(fetcher),
+        decoder_(decoder),
+        take_(std::move(take)),
+        give_(std::move(give)),
+        on_chunk_(on_chunk),
+        chunk_start_(keys.size(), 0) {
+    // Where chunk c starts in the context: the key chain starts at token 0.
+    for (size_t i = 1; i < keys.size(); ++i) chunk_start_[i] = chunk_start_[i - 1] + chunk_tokens[i - 1];
+  }
+  ~ClientIo() override {
+    for (auto& [key, t] : decoded_) give_(std::move(t.kv));
+  }
+
+  double Now() const override { return Seconds(t0_, Clock::now()); }
+  uint64_t Issue(uint32_t chunk, int level) override {
+    if (!issued_any_) first_issue_ = Clock::now();  // the estimator's origin (RateEstimator::Observe)
+    issued_any_ = true;
+    std::shared_ptr<Ticket> t = fetcher_.Issue(chunk, static_cast<uint32_t>(level));
+    tickets_[t->id] = t;
+    return t->id;
+  }
+  void Cancel(uint64_t request) override {
+    if (auto it = tickets_.find(request); it != tickets_.end()) it->second->cancel = true;
+  }
+  uint64_t Received(uint64_t request) const override {
+    auto it = tickets_.find(request);
+    return it == tickets_.end() ? 0 : it->second->received.load();
+  }
+  uint64_t ReceivedTotal() const override { return fetcher_.received(); }
+  double BusySeconds() const override { return issued_any_ ? fetcher_.BusySeconds(first_issue_, Clock::now()) : 0; }
+  void Forget(uint64_t request) override { frames_.erase(request); }
+
+  bool DecoderHas(uint32_t chunk, bool from_backup) const override { return decoder_.Has(chunk, from_backup); }
+  bool DecoderFull() const override { return decoder_.full(); }
+  bool DecoderIdle() const override { return decoder_.idle(); }
+  void UnsubmitAfter(uint32_t chunk) override {
+    if (std::optional<DecodeTask> back = decoder_.UnsubmitAfter(chunk)) give_(std::move(back->kv));
+  }
+  void Submit(uint32_t chunk, bool from_backup, uint64_t request) override {
+    const Frame& f = frames_.at(request);
+    decoder_.Submit(DecodeTask{chunk, from_backup, f.bytes, f.info.token_start, take_(f.info.shape)});
+  }
+  void Discard(uint32_t chunk, bool from_backup) override {
+    auto it = decoded_.find({chunk, from_backup});
+    if (it == decoded_.end()) return;
+    give_(std::move(it->second.kv));
+    decoded_.erase(it);
+  }
+  void HandOver(uint32_t chunk, bool from_backup, uint64_t request, int level) override {
+    auto it = decoded_.find({chunk, from_backup});
+    auto frame = frames_.find(request);
+    if (it == decoded_.end() || frame == frames_.end()) return;
+    StreamedChunk out;
+    out.index = chunk;
+    out.level = static_cast<uint32_t>(level);
+    out.token_start = it->second.token_start;
+    out.bytes = frame->second.bytes->size();
+    out.kv = &it->second.kv;
+    if (on_chunk_) on_chunk_(out);
+    give_(std::move(it->second.kv));
+    decoded_.erase(it);
+    frames_.erase(frame);
+  }
+
+  // A finished fetch: its frame checked (FrameIsChunk), kept, and reported.
+  void Arrive(Done d, FetchSession& session) {
+    CheckFrame(d, session.result());
+    const uint64_t id = d.ticket->id;
+    if (!d.frame.ok()) {
+      session.OnArrived(id, d.frame.status(), 0);
+      return;
+    }
+    const uint64_t bytes = (*d.frame)->size();
+    frames_[id] = Frame{std::move(*d.frame), std::move(d.info)};
+    session.OnArrived(id, Status::Ok(), bytes);
+  }
+  // Every finished decode, kept and reported.
+  void CollectDecodes(FetchSession& session) {
+    while (std::optional<DecodeResult> r = decoder_.TakeFinished()) {
+      if (!r->decoded.ok()) {
+        session.OnDecoded(r->chunk, r->from_backup, r->decoded.status(), {});
+        continue;
+      }
+      DecodedChunk& d = *r->decoded;
+      const DecodeCost cost{d.wall_s(), d.cpu_s, d.arrived};
+      if (auto old = decoded_.find({r->chunk, r->from_backup}); old != decoded_.end()) give_(std::move(old->second.kv));
+      decoded_.insert_or_assign({r->chunk, r->from_backup}, std::move(d));
+      session.OnDecoded(r->chunk, r->from_backup, Status::Ok(), cost);
+    }
+  }
+
+ private:
+  struct Frame {
+    FrameBytes bytes;
+    FrameInfo info;
+  };
+  // A frame arrived must prove it is chunk c at its level (FrameIsChunk);
+  // one that does not is a miss, never data. The first frame taken fixes
+  // what every other frame of the context must be coded like (with
+  // options.shape, that shape from the start).
+  void CheckFrame(Done& d, StreamResult& result) {
+    if (!d.frame.ok()) return;
+    const uint32_t c = d.ticket->chunk;
+    Result<FrameInfo> info = FrameIsChunk(**d.frame, keys_[c], d.ticket->level, chunk_start_[c], chunk_tokens_[c]);
+    if (info.ok() && info->shape.values() * DTypeSize(options_.dtype) > DecodeOutputLimit((*d.frame)->size()))
+      info = Status::Corrupt("frame of " + std::to_string((*d.frame)->size()) + " bytes claims " +
+                             info->shape.ToString() + ", over the decode limit (docs/FORMAT.md, \"Decode bound\")");
+    if (info.ok()) {
+      KVShape want = options_.shape;
+      if (like_) want = like_->shape;
+      want.tokens = info->shape.tokens;
+      if (want.layers != 0 && !(info->shape == want))
+        info = Status::Corrupt("frame shape " + info->shape.ToString() + ", the context's is " + want.ToString());
+      else if (like_ && (info->codec != like_->codec || info->dtype != like_->dtype))
+        info = Status::Corrupt("frame coded as " + info->codec + " from " + DTypeName(info->dtype) +
+                               ", the context's frames as " + like_->codec + " from " + DTypeName(like_->dtype));
+    }
+    if (!info.ok()) {
+      ++result.rejected;
+      d.frame = info.status();
+      return;
+    }
+    if (!like_) like_ = *info;
+    d.info = std::move(info).value();
+  }
+
+  const Clock::time_point t0_;
+  const std::span<const ChunkKey> keys_;
+  const std::span<const uint32_t> chunk_tokens_;
+  const StreamOptions& options_;
+  Fetcher& fetcher_;
+  FetchDecoder& decoder_;
+  const TakeTensor take_;
+  const GiveTensor give_;
+  const ChunkCallback& on_chunk_;
+  std::vector<uint32_t> chunk_start_;
+  std::optional<FrameInfo> like_;
+  Clock::time_point first_issue_{};
+  bool issued_any_ = false;
+  std::map<uint64_t, std::shared_ptr<Ticket>> tickets_;
+  std::map<uint64_t, Frame> frames_;
+  std::map<std::pair<uint32_t, bool>, DecodedChunk> decoded_;  // (chunk, from_backup)
+};
+
 }  // namespace
 
 // Tensors of handed-over chunks (and of early decodes not used), for the
@@ -518,8 +679,8 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
   if (options.fixed_level >= static_cast<int>(kMaxChunkLevels))
     return Status::InvalidArgument("stream: fixed level must be < 8");
   const Clock::time_point t0 = Clock::now();
-  StreamResult result;
-  result.requested = static_cast<uint32_t>(keys.size());
+  StreamResult lookup_result;
+  lookup_result.requested = static_cast<uint32_t>(keys.size());
 
   stragglers_->Reap();
   // The lookup too ends by the deadline, whatever the store does (a stalled
@@ -543,41 +704,30 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
   if (!stop_at_deadline) {
     run_lookup();
   } else if (!RunUntil(run_lookup, deadline, *stragglers_)) {
-    result.lookup_ms = result.elapsed_ms = Seconds(t0, Clock::now()) * 1000.0;
-    result.lookup_status =
+    lookup_result.lookup_ms = lookup_result.elapsed_ms = Seconds(t0, Clock::now()) * 1000.0;
+    lookup_result.lookup_status =
         Status::IOError("lookup timed out: the store did not answer within the deadline (" +
                         std::to_string(static_cast<int64_t>(options.deadline_ms)) + " ms)");
-    result.errors.push_back("lookup: " + result.lookup_status.ToString());
-    result.timed_out = true;
-    return result;
+    lookup_result.errors.push_back("lookup: " + lookup_result.lookup_status.ToString());
+    lookup_result.timed_out = true;
+    return lookup_result;
   }
-  result.lookup_status = lookup->status;
   const std::vector<CachedChunk> found = std::move(lookup->found);
-  result.lookup_ms = Seconds(t0, Clock::now()) * 1000.0;
-  if (!result.lookup_status.ok()) result.errors.push_back("lookup: " + result.lookup_status.ToString());
   const uint32_t n = static_cast<uint32_t>(found.size());
-  result.cached = n;
-  result.levels.assign(n, -1);
 
   std::vector<PlanChunk> plan_chunks(n);
-  for (uint32_t i = 0; i < n; ++i) plan_chunks[i] = {chunk_tokens[i], found[i].level_bytes};
-  PlannerOptions popts;
-  popts.deadline_s = options.deadline_ms / 1000.0;
-  popts.recompute_tokens_per_s = options.recompute_tokens_per_s;
-  popts.initial_bandwidth_bytes_s = options.initial_bandwidth_bytes_s;
-  popts.smoothing = options.smoothing;
-  popts.safety = options.safety;
-  popts.reserve = options.reserve;
-  popts.measured_margins = options.measured_margins;
-  popts.hedge = options.hedge;
+  std::vector<std::string> names(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    plan_chunks[i] = {chunk_tokens[i], found[i].level_bytes};
+    names[i] = keys[i].Hex();
+  }
+  PlannerOptions popts = PlannerOptionsFor(options);
   {
     std::lock_guard<std::mutex> lock(costs_->mu);
     popts.receive_cost_s_per_byte = costs_->receive_cost_s_per_byte;
     popts.decode_s_per_token = costs_->decode_s_per_token;
     popts.level_decode_s_per_token = costs_->LevelDecodeSPerToken();
   }
-  LevelPlanner planner(std::move(plan_chunks), popts);
-  const bool adaptive = options.fixed_level < 0;
 
   // Twice the pipeline's threads: an abandoned request holds its thread until
   // its next bytes arrive, and must not delay the request that replaces it.
@@ -590,446 +740,55 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
     FetchStragglers& stragglers;
     ~ReleaseFetcher() { fetcher.Release(stragglers); }
   } release_fetcher{fetcher, *stragglers_};
-  std::vector<std::optional<Done>> ready(n);
-  std::vector<bool> skipped(n, false);  // recompute chosen at issue time, or failed
-  std::vector<int> issued_level(n, -1);
-  std::vector<uint32_t> tried(n, 0);  // levels requested, a bit each (untried_level)
-  std::vector<bool> reissued(n, false);
-  std::vector<std::shared_ptr<Ticket>> flight;  // requests outstanding, in chunk order
-  // Backups (hedging, LevelPlanner): at most one per chunk, its coarsest
-  // level, requested next to the planned requests while slack allows.
-  std::vector<std::shared_ptr<Ticket>> backup(n);
-  std::vector<std::optional<Done>> backup_ready(n);
-  std::vector<bool> backup_open(n, false);    // requested, not finished
-  std::vector<bool> backup_failed(n, false);  // finished without a frame, not cancelled
-  std::vector<bool> backup_dropped(n, false); // cancelled: the planned frame came
-  std::vector<bool> use_backup(n, false);     // chunk to be delivered from its backup
-  uint32_t next_issue = 0, next_deliver = 0;
-  RateEstimator rate;
-  Clock::time_point first_issue{};
-  bool issued_any = false;
-
-  auto fail = [&](uint32_t i, const std::string& why) {
-    result.errors.push_back("chunk " + std::to_string(i) + " (" + keys[i].Hex() + "): " + why);
-    skipped[i] = true;
-  };
-  auto frame_bytes = [&](uint32_t c, int level) { return found[c].level_bytes[level]; };
-  auto send = [&](uint32_t c, int level) {
-    if (!issued_any) first_issue = Clock::now();  // the estimator's origin (RateEstimator::Observe)
-    issued_any = true;
-    issued_level[c] = level;
-    tried[c] |= 1u << level;
-    return fetcher.Issue(c, static_cast<uint32_t>(level));
-  };
-  // The link's rate from the bytes arrived so far, then the planner's view of
-  // the requests in flight.
-  auto observe = [&] {
-    if (!issued_any) return;
-    rate.Observe(fetcher.BusySeconds(first_issue, Clock::now()), fetcher.received());
-    planner.SetBandwidth(rate.rate());
-    planner.SetLinkSpread(rate.spread());
-  };
-  auto in_flight = [&] {
-    std::vector<InFlight> v;
-    for (const auto& t : flight) v.push_back({t->chunk, static_cast<int>(t->level), t->received.load()});
-    return v;
-  };
-  // Every backup but failed ones: the planner counts them all against the
-  // slack (dropped and finished ones with nothing more to come; a dropped
-  // one's chunk has its planned frame, so the planner offers it no more).
-  auto backups = [&] {
-    std::vector<InFlight> v;
-    for (uint32_t c = 0; c < n; ++c) {
-      if (!backup[c] || backup_failed[c]) continue;
-      const int level = static_cast<int>(backup[c]->level);
-      const bool more = backup_open[c] && !backup_dropped[c];
-      v.push_back({c, level, more ? backup[c]->received.load() : frame_bytes(c, level)});
-    }
-    return v;
-  };
   // Tensors held at once: up to read_ahead decoded chunks waiting, the
   // chunk being handed over and the one being decoded.
   pool_->Expect(options.read_ahead + 2);
-  auto take_tensor = [&](const KVShape& shape) { return pool_->Take(shape, options.dtype); };
-  auto give_back = [&](KVTensor&& t) { pool_->Give(std::move(t)); };
-  // Chunks decoded and not handed over yet, and whether from their backup.
-  struct Ahead {
-    bool from_backup = false;
-    Result<DecodedChunk> decoded;
-  };
-  std::vector<std::optional<Ahead>> ahead(n);
+  TensorPool* pool = pool_.get();
   FetchDecoder decoder(options.decode_threads, options.profiles.get(), &fetcher);  // after `fetcher`: it wakes the fetcher's wait
-  // Whether chunk c is decoded from the frame it will be handed over from:
-  // its planned frame once that is here, else its backup.
-  auto decoded_ahead = [&](uint32_t c) { return ahead[c] && ahead[c]->from_backup == !ready[c]; };
-  // An early decode that will not be handed over: its tensor back to the pool.
-  auto discard = [&](std::optional<Ahead>& a) {
-    if (a && a->decoded.ok()) give_back(std::move(a->decoded->kv));
-    a.reset();
-  };
-  auto pending_decode = [&] {  // fetched (or to come from a backup), not yet decoded
-    double s = 0;
-    for (uint32_t c = next_deliver; c < next_issue; ++c) {
-      if (skipped[c] || decoded_ahead(c)) continue;
-      if (ready[c]) s += planner.DecodeSeconds(c, issued_level[c]);
-      else if (use_backup[c]) s += planner.DecodeSeconds(c, static_cast<int>(backup[c]->level));
-    }
-    return s;
-  };
-  auto open_backups = [&] {
-    uint32_t k = 0;
-    for (uint32_t c = next_deliver; c < n; ++c) k += backup_open[c];
-    return k;
-  };
-  // A chunk whose planned frame arrived needs its backup no more.
-  auto drop_backup = [&](uint32_t c) {
-    if (!backup[c] || !backup_open[c] || backup_dropped[c]) return;
-    backup_dropped[c] = true;
-    backup[c]->cancel = true;
-    result.abandoned_bytes += backup[c]->received.load();
-  };
-  auto has_backup = [&](uint32_t c, int level) {
-    return backup[c] && !backup_failed[c] && !backup_dropped[c] && static_cast<int>(backup[c]->level) == level;
-  };
-  // Adaptive: abandon requests in flight that the deadline needs at a
-  // coarser level, and request those chunks again.
-  auto reissue = [&] {
-    if (!adaptive || flight.empty() || planner.bandwidth() <= 0 || !rate.settled()) return;
-    const Plan plan =
-        planner.Replan(next_issue, Seconds(t0, Clock::now()), in_flight(), backups(), pending_decode());
-    std::vector<size_t> to_backup;  // requests given up for their chunk's backup
-    for (size_t i = 0; i < plan.reissue.size(); ++i) {
-      std::shared_ptr<Ticket>& t = flight[i];
-      // Once per chunk: a chunk already re-issued for a drop keeps its
-      // second request (a chain of abandons would feed on its own waste).
-      if (plan.reissue[i] < 0 || reissued[t->chunk]) continue;
-      reissued[t->chunk] = true;
-      t->cancel = true;
-      ++result.reissued;
-      result.abandoned_bytes += t->received.load();
-      if (has_backup(t->chunk, plan.reissue[i])) {
-        use_backup[t->chunk] = true;
-        to_backup.push_back(i);
-      } else {
-        t = send(t->chunk, plan.reissue[i]);
-      }
-    }
-    for (size_t k = to_backup.size(); k-- > 0;)
-      flight.erase(flight.begin() + static_cast<std::ptrdiff_t>(to_backup[k]));
-  };
-  // Beyond two requests, at most queue_ms of transfer outstanding, and two
-  // while the bandwidth is unknown. Two: the second keeps the link busy while
-  // this thread decodes between the first's completion and the next request
-  // (with one, a slow link idles for a decode per chunk). More share the
-  // link and arrive together: at 1 Gbit/s four level-0 requests issued at
-  // once delayed the first decode from about 8 ms to 31.
-  auto queue_full = [&] {
-    if (flight.size() + open_backups() < 2) return false;
-    if (planner.bandwidth() <= 0) return true;
-    uint64_t outstanding = 0;
-    auto add = [&](const std::shared_ptr<Ticket>& t) {
-      const uint64_t b = frame_bytes(t->chunk, static_cast<int>(t->level)), r = t->received.load();
-      outstanding += b > r ? b - r : 0;
-    };
-    for (const auto& t : flight) add(t);
-    for (uint32_t c = next_deliver; c < n; ++c)
-      if (backup_open[c]) add(backup[c]);
-    return static_cast<double>(outstanding) / planner.bandwidth() * 1000.0 >= options.queue_ms;
-  };
-  auto issue = [&] {  // while there is room; adaptive, while the bandwidth is unknown, one probe
-    while (next_issue < n && flight.size() + open_backups() < options.inflight &&
-           next_issue - next_deliver < options.read_ahead && (!adaptive || planner.bandwidth() > 0 || flight.empty())) {
-      if (queue_full()) break;
-      int level;
-      int hedge = -1;
-      if (!adaptive) {
-        level = planner.Resolve(next_issue, options.fixed_level);
-      } else {
-        const Plan plan =
-            planner.Replan(next_issue, Seconds(t0, Clock::now()), in_flight(), backups(), pending_decode());
-        level = plan.decisions[0].level;
-        // The latest chunk named first; next_issue is requested now anyway.
-        for (uint32_t c : plan.hedge)
-          if (c != next_issue) {
-            hedge = static_cast<int>(c);
-            break;
-          }
-      }
-      if (level >= 0 && has_backup(next_issue, level)) {  // planned at its backup's level
-        use_backup[next_issue] = true;
-        ++next_issue;
-        continue;
-      }
-      if (level < 0) {
-        skipped[next_issue] = true;
-        drop_backup(next_issue);
-        ++next_issue;
-        continue;
-      }
-      if (hedge >= 0) {
-        const uint32_t c = static_cast<uint32_t>(hedge);
-        backup[c] = fetcher.Issue(c, static_cast<uint32_t>(planner.Coarsest(c)));
-        backup_open[c] = true;
-        ++result.backups;
-        continue;  // backups first (LevelPlanner, "Hedging"); the planned request next time round
-      }
-      flight.push_back(send(next_issue, level));
-      ++next_issue;
-    }
-  };
-  // Where chunk c starts in the context: the key chain starts at token 0.
-  std::vector<uint32_t> chunk_start(n, 0);
-  for (uint32_t i = 1; i < n; ++i) chunk_start[i] = chunk_start[i - 1] + chunk_tokens[i - 1];
-  // The first frame taken fixes what every other frame of the context must
-  // be coded like (with options.shape, that shape from the start).
-  std::optional<FrameInfo> like;
-  // A frame arrived must prove it is chunk c at `level` (FrameIsChunk);
-  // one that does not is a miss, never data.
-  auto check_frame = [&](Done& d) {
-    if (!d.frame.ok()) return;
-    const uint32_t c = d.ticket->chunk;
-    Result<FrameInfo> info = FrameIsChunk(**d.frame, keys[c], d.ticket->level, chunk_start[c], chunk_tokens[c]);
-    if (info.ok() && info->shape.values() * DTypeSize(options.dtype) > DecodeOutputLimit((*d.frame)->size()))
-      info = Status::Corrupt("frame of " + std::to_string((*d.frame)->size()) + " bytes claims " +
-                             info->shape.ToString() + ", over the decode limit (docs/FORMAT.md, \"Decode bound\")");
-    if (info.ok()) {
-      KVShape want = options.shape;
-      if (like) want = like->shape;
-      want.tokens = info->shape.tokens;
-      if (want.layers != 0 && !(info->shape == want))
-        info = Status::Corrupt("frame shape " + info->shape.ToString() + ", the context's is " + want.ToString());
-      else if (like && (info->codec != like->codec || info->dtype != like->dtype))
-        info = Status::Corrupt("frame coded as " + info->codec + " from " + DTypeName(info->dtype) +
-                               ", the context's frames as " + like->codec + " from " + DTypeName(like->dtype));
-    }
-    if (!info.ok()) {
-      ++result.rejected;
-      d.frame = info.status();
-      return;
-    }
-    if (!like) like = *info;
-    d.info = std::move(info).value();
-  };
-  // Levels requested per chunk (a bit each), so that a chunk whose frame
-  // failed is asked for at a stored level not tried yet: coarser first
-  // (cheaper, and the plan's margin holds), then finer.
-  auto untried_level = [&](uint32_t c, int failed) -> int {
-    const int levels = static_cast<int>(found[c].level_bytes.size());
-    for (int l = failed + 1; l < levels; ++l)
-      if (found[c].level_bytes[l] > 0 && !(tried[c] >> l & 1)) return l;
-    for (int l = failed - 1; l >= 0; --l)
-      if (found[c].level_bytes[l] > 0 && !(tried[c] >> l & 1)) return l;
-    return -1;
-  };
-  auto complete = [&](Done d) {
-    // The probe's end gives the first estimate if no window has yet.
-    if (issued_any && rate.rate() <= 0)
-      rate.ObserveCompletion(fetcher.BusySeconds(first_issue, Clock::now()), fetcher.received());
-    const uint32_t c = d.ticket->chunk;
-    check_frame(d);
-    if (d.ticket == backup[c]) {
-      backup_open[c] = false;
-      if (backup_dropped[c]) return;  // its bytes are counted as abandoned
-      if (!d.frame.ok()) {
-        backup_failed[c] = true;
-        return;
-      }
-      result.bytes += (*d.frame)->size();
-      if (ready[c] || next_deliver > c) return;  // not needed any more
-      backup_ready[c] = std::move(d);
-      return;
-    }
-    auto it = std::find(flight.begin(), flight.end(), d.ticket);
-    if (it == flight.end()) return;  // abandoned and re-issued
-    flight.erase(it);
-    if (!d.frame.ok() && backup[c] && !backup_failed[c] && !backup_dropped[c]) {
-      use_backup[c] = true;  // the backup stands in for a failed request
-      return;
-    }
-    if (!d.frame.ok()) {
-      if (const int other = untried_level(c, static_cast<int>(d.ticket->level)); other >= 0) {
-        result.errors.push_back("chunk " + std::to_string(c) + " level " + std::to_string(d.ticket->level) + ": " +
-                                d.frame.status().ToString() + "; trying level " + std::to_string(other));
-        ++result.fallbacks;
-        std::shared_ptr<Ticket> t = send(c, other);
-        auto at = std::find_if(flight.begin(), flight.end(), [&](const auto& f) { return f->chunk > c; });
-        flight.insert(at, std::move(t));  // flight stays in chunk order
-        return;
-      }
-    }
-    if (d.frame.ok()) {
-      result.bytes += (*d.frame)->size();
-      drop_backup(c);
-      backup_ready[c].reset();
-      if (ahead[c] && ahead[c]->from_backup) discard(ahead[c]);
-    }
-    ready[c] = std::move(d);
-  };
-  // The frame chunk c will be handed over from, if it is here and decodable:
-  // its planned frame, else its backup where that stands in for it, or may
-  // (the chunk not requested yet) once the link has fallen. Not before: on a
-  // link that holds, the planned frames come, and those decodes' CPU
-  // (measured on 2 cores at 1 Gbit/s, 9 backups per fetch) went with 1.6-3.4
-  // coarser re-issues per fetch and mean level 0.69-0.94 where the client
-  // decoding only chosen backups took level 0 and re-issued none.
-  auto frame_to_decode = [&](uint32_t c) -> const Done* {
-    if (skipped[c]) return nullptr;
-    if (ready[c]) return ready[c]->frame.ok() ? &*ready[c] : nullptr;
-    const bool may_stand_in = use_backup[c] || (c >= next_issue && rate.drops() > 0);
-    if (backup_ready[c] && may_stand_in && backup_ready[c]->frame.ok()) return &*backup_ready[c];
-    return nullptr;
-  };
-  // Decodes d, chunk c's frame_to_decode (its backup unless the planned
-  // frame is here).
-  auto start_decode = [&](uint32_t c, const Done* d) {
-    const bool from_backup = !ready[c];
-    discard(ahead[c]);  // decoded from the other frame: not what is handed over
-    decoder.Submit(DecodeTask{c, from_backup, *d->frame, d->info.token_start, take_tensor(d->info.shape)});
-  };
-  // Keeps the decoder busy: chunk next_deliver once it is here, else the
-  // earliest later chunk whose frame is here and will be handed over (its
-  // planned frame, or its backup where that stands in for it), so that
-  // chunks arrived early (backups of the latest chunks, above all) are not
-  // all decoded after the last one to arrive. At most read_ahead decoded (or
-  // decoding) chunks wait. A chunk earlier than the one waiting in the
-  // decoder takes its place.
-  auto decode_next = [&] {
-    uint32_t waiting = 0;
-    for (uint32_t c = next_deliver; c < n; ++c) {
-      const Done* d = frame_to_decode(c);
-      if (!d) continue;
-      if (decoded_ahead(c) || decoder.Has(c, !ready[c])) {
-        waiting += c > next_deliver;
-        continue;
-      }
-      if (c > next_deliver && waiting >= options.read_ahead) return;
-      if (std::optional<DecodeTask> back = decoder.UnsubmitAfter(c)) give_back(std::move(back->kv));
-      if (decoder.full()) return;
-      start_decode(c, d);
-      waiting += c > next_deliver;
-    }
-  };
-  // With one decode thread, a decode during which bytes arrived costs its
-  // own CPU time, and the rest of its wall time was lost to receiving them
-  // (LevelPlanner, "Receiving shares the CPU"); time lost while nothing
-  // arrived (other work on the machine) stays in the decode's cost. With
-  // more threads, their CPU time is not measured: wall times, no loss.
-  const bool decoder_measured = ResolveThreads(options.decode_threads) == 1;
-  auto decode_cost_s = [&](const DecodedChunk& d) {
-    return decoder_measured && d.arrived > 0 ? d.cpu_s : d.wall_s();
-  };
-  // Per level, of the chunks handed over (MachineCosts).
-  std::array<double, kMaxChunkLevels> level_decoded_s{}, level_decoded_tokens{};
-  // Takes the finished decode, unless its chunk has since got the frame it
-  // was not decoded from (a backup's, when the planned frame came).
-  auto collect_decode = [&] {
-    while (std::optional<DecodeResult> r = decoder.TakeFinished()) {
-      const uint32_t c = r->chunk;
-      std::optional<Ahead> a = Ahead{r->from_backup, std::move(r->decoded)};
-      if (a->decoded.ok() && decoder_measured) {
-        const DecodedChunk& d = *a->decoded;
-        planner.OnDecoderLoss(d.wall_s(), d.cpu_s, d.arrived);
-      }
-      if (a->from_backup && ready[c]) discard(a);
-      else ahead[c] = std::move(a);
-    }
-  };
-  // Hands over chunk next_deliver once it is decoded (or failed, or is to
-  // be recomputed); false if not yet.
-  auto deliver_one = [&]() -> bool {
-    if (next_deliver >= n || next_deliver >= next_issue) return false;
-    const uint32_t c = next_deliver;
-    const bool from_backup = !ready[c] && use_backup[c];
-    if (!skipped[c] && !ready[c] && !(from_backup && (backup_ready[c] || backup_failed[c]))) return false;
-    const Done* here = frame_to_decode(c);
-    if (here && !decoded_ahead(c)) return false;  // decode_next decodes it
-    const uint32_t i = next_deliver++;
-    std::optional<Ahead> decoded = std::move(ahead[i]);
-    ahead[i].reset();
-    if (skipped[i]) return true;
-    if (from_backup && !backup_ready[i]) {
-      fail(i, "backup request failed");
-      return true;
-    }
-    Done d = std::move(from_backup ? *backup_ready[i] : *ready[i]);
-    ready[i].reset();
-    backup_ready[i].reset();
-    drop_backup(i);
-    if (from_backup) ++result.from_backup;
-    if (!d.frame.ok()) {
-      fail(i, d.frame.status().ToString());
-      return true;
-    }
-    if (!decoded->decoded.ok()) {
-      fail(i, decoded->decoded.status().ToString());
-      return true;
-    }
-    DecodedChunk& out = *decoded->decoded;
-    const Clock::time_point handed0 = Clock::now();
-    StreamedChunk chunk;
-    chunk.index = i;
-    chunk.level = d.ticket->level;
-    chunk.token_start = out.token_start;
-    chunk.bytes = (*d.frame)->size();
-    chunk.kv = &out.kv;
-    if (on_chunk) on_chunk(chunk);
-    result.decode_ms += out.wall_s() * 1000.0;
-    const double cost_s = decode_cost_s(out);
-    planner.OnProcessed(cost_s + Seconds(handed0, Clock::now()), static_cast<int>(d.ticket->level), chunk_tokens[i]);
-    if (d.ticket->level < kMaxChunkLevels) {
-      level_decoded_s[d.ticket->level] += cost_s;
-      level_decoded_tokens[d.ticket->level] += chunk_tokens[i];
-    }
-    result.levels[i] = static_cast<int>(d.ticket->level);
-    give_back(std::move(out.kv));
-    return true;
-  };
+  ClientIo io(t0, keys.first(n), chunk_tokens.first(n), options, fetcher, decoder,
+              [pool, &options](const KVShape& shape) { return pool->Take(shape, options.dtype); },
+              [pool](KVTensor&& t) { pool->Give(std::move(t)); }, on_chunk);
+  FetchSession session(&io, std::move(plan_chunks), options, popts, {}, std::move(names));
+  StreamResult& result = session.result();
+  result.requested = lookup_result.requested;
+  result.lookup_status = lookup->status;
+  result.lookup_ms = Seconds(t0, Clock::now()) * 1000.0;
+  if (!result.lookup_status.ok()) result.errors.push_back("lookup: " + result.lookup_status.ToString());
 
-  // Take every finished fetch and decode, measure, re-issue what the
-  // deadline needs coarser, refill the pipeline (so requests are issued
-  // with the newest estimate), hand over what is decoded and keep the
-  // decoder busy; then wait for a fetch or the decoder a tick at a time (the
-  // estimate follows the bytes arriving meanwhile).
+  // Report every finished fetch and decode, let the session decide; then
+  // wait for a fetch or the decoder a tick at a time (the estimate follows
+  // the bytes arriving meanwhile).
   constexpr double kTickS = 0.002;
-  while (next_deliver < n) {
+  while (!session.done()) {
     if (options.cancel && options.cancel->load()) {
-      result.errors.push_back("cancelled: " + std::to_string(n - next_deliver) + " chunk(s) not delivered");
+      result.errors.push_back("cancelled: " + std::to_string(n - session.delivered()) + " chunk(s) not delivered");
       break;
     }
     if (Clock::now() >= deadline) {
-      result.errors.push_back("timed out: " + std::to_string(n - next_deliver) +
+      result.errors.push_back("timed out: " + std::to_string(n - session.delivered()) +
                               " chunk(s) not delivered by the deadline (" +
                               std::to_string(static_cast<int64_t>(options.deadline_ms)) + " ms)");
       result.timed_out = true;
       break;
     }
-    while (auto r = fetcher.Next(0)) complete(std::move(*r));
-    collect_decode();
-    decode_next();  // first: the decoder idles until then
-    observe();
-    reissue();
-    issue();
-    if (deliver_one()) continue;
-    decode_next();
-    if (flight.empty() && open_backups() == 0 && decoder.idle()) continue;  // everything left is skipped or issuable
-    if (auto r = fetcher.Next(kTickS)) complete(std::move(*r));
+    while (auto r = fetcher.Next(0)) io.Arrive(std::move(*r), session);
+    io.CollectDecodes(session);
+    if (session.Step()) continue;
+    if (auto r = fetcher.Next(kTickS)) io.Arrive(std::move(*r), session);
   }
-  for (uint32_t i = 0; i < n; ++i)
-    if (result.levels[i] < 0) result.recompute.push_back(i);
-  result.elapsed_ms = Seconds(t0, Clock::now()) * 1000.0;
-  result.deadline_met = !result.timed_out && result.elapsed_ms <= options.deadline_ms;
-  result.bandwidth_bytes_s = planner.bandwidth();
-  result.receive_cost_ns_per_byte = planner.ReceiveCost() * 1e9;
+  session.Finish(Seconds(t0, Clock::now()));
   {
     std::lock_guard<std::mutex> lock(costs_->mu);
+    const LevelPlanner& planner = session.planner();
     if (planner.receive_cost_measured()) costs_->receive_cost_s_per_byte = planner.ReceiveCost();
-    const double decoded_tokens = std::accumulate(level_decoded_tokens.begin(), level_decoded_tokens.end(), 0.0);
+    const auto& level_s = session.level_decoded_s();
+    const auto& level_tokens = session.level_decoded_tokens();
+    const double decoded_tokens = std::accumulate(level_tokens.begin(), level_tokens.end(), 0.0);
     if (decoded_tokens > 0)
-      costs_->decode_s_per_token =
-          std::accumulate(level_decoded_s.begin(), level_decoded_s.end(), 0.0) / decoded_tokens;
-    costs_->AddFetch(level_decoded_s, level_decoded_tokens);
+      costs_->decode_s_per_token = std::accumulate(level_s.begin(), level_s.end(), 0.0) / decoded_tokens;
+    costs_->AddFetch(level_s, level_tokens);
   }
-  return result;
+  return std::move(result);
 }
 
 Result<StreamResult> StreamClient::FetchTokens(const ChunkKey& root, std::span<const TokenId> tokens,
