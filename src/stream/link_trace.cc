@@ -82,24 +82,59 @@ uint64_t LinkTrace::FirstPacketAt(double t_s) const {
   return (loop + 1) * n;
 }
 
-LinkQueue::Transfer LinkQueue::Send(double sent_s, uint64_t bytes) {
-  Transfer t;
-  t.bytes = bytes;
-  t.sent_s = t.done_s = sent_s;
-  t.packets = (bytes + LinkTrace::kPacketBytes - 1) / LinkTrace::kPacketBytes;
-  t.first_packet = std::max(next_packet_, trace_->FirstPacketAt(sent_s));
-  if (t.packets == 0) return t;
-  next_packet_ = t.first_packet + t.packets;
-  t.done_s = trace_->TimeOfPacket(next_packet_ - 1);
-  return t;
+uint32_t LinkQueue::Send(double start_s, uint64_t bytes) {
+  transfers_.push_back({bytes, 0, std::max(start_s, now_s_), -1});
+  const uint32_t id = static_cast<uint32_t>(transfers_.size() - 1);
+  queue_.push_back(id);
+  AdvanceTo(now_s_);  // an empty transfer starting now is done now
+  return id;
 }
 
-uint64_t LinkQueue::ReceivedBy(const Transfer& t, double t_s) const {
-  if (t.packets == 0 || t_s < trace_->TimeOfPacket(t.first_packet)) return 0;
-  if (t_s >= t.done_s) return t.bytes;
-  // Opportunities of the transfer at or before t_s: those before the first at or after a time just past it.
-  const uint64_t upto = std::min(trace_->FirstPacketAt(std::nextafter(t_s, INFINITY)), t.first_packet + t.packets);
-  return std::min(t.bytes, (upto - t.first_packet) * uint64_t{LinkTrace::kPacketBytes});
+void LinkQueue::Cancel(uint32_t id) { std::erase(queue_, id); }
+
+uint64_t LinkQueue::FirstPacketFor(const Transfer& t) const {
+  return std::max(next_packet_, trace_->FirstPacketAt(t.start_s + offset_s_));
+}
+
+void LinkQueue::AdvanceTo(double t_s) {
+  now_s_ = std::max(now_s_, t_s);
+  // Opportunities at or before now: those before the first one after it,
+  // by the same arithmetic as NextDone's times (an offset's rounding must
+  // not leave a transfer done by NextDone and not by AdvanceTo).
+  uint64_t passed = trace_->FirstPacketAt(now_s_ + offset_s_);
+  while (TimeOf(passed) <= now_s_) ++passed;
+  while (passed > 0 && TimeOf(passed - 1) > now_s_) --passed;
+  while (!queue_.empty()) {
+    Transfer& t = transfers_[queue_.front()];
+    if (t.start_s > now_s_) break;
+    const uint64_t need = PacketsFor(t.bytes - t.received);
+    if (need == 0) {  // done once those before it are
+      t.done_s = next_packet_ > 0 ? std::max(t.start_s, TimeOf(next_packet_ - 1)) : t.start_s;
+      queue_.erase(queue_.begin());
+      continue;
+    }
+    const uint64_t first = FirstPacketFor(t);
+    if (first >= passed) break;
+    const uint64_t take = std::min(need, passed - first);
+    t.received = std::min(t.bytes, t.received + take * uint64_t{LinkTrace::kPacketBytes});
+    next_packet_ = first + take;
+    if (take < need) break;
+    t.done_s = TimeOf(next_packet_ - 1);
+    queue_.erase(queue_.begin());
+  }
+}
+
+double LinkQueue::NextDone() const {
+  if (queue_.empty()) return INFINITY;
+  const Transfer& t = transfers_[queue_.front()];
+  const uint64_t need = PacketsFor(t.bytes - t.received);
+  if (need == 0) return t.start_s;
+  return TimeOf(FirstPacketFor(t) + need - 1);
+}
+
+double LinkQueue::ArrivalOfPackets(double start_s, uint64_t packets) const {
+  if (packets == 0) return start_s;
+  return TimeOf(trace_->FirstPacketAt(start_s + offset_s_) + packets - 1);
 }
 
 }  // namespace cachegen::sim

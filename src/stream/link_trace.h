@@ -42,29 +42,51 @@ class LinkTrace {
   double period_s_ = 0;
 };
 
-// Transfers sharing one link first come, first served: each takes the next
-// opportunities after those of the transfers sent before it, from the
-// moment it is sent. The link is idle (its opportunities pass unused) while
-// nothing is queued.
+// Transfers sharing one link first come, first served, on a clock that only
+// moves forward (AdvanceTo): each opportunity of the trace goes to the
+// oldest transfer not done whose start has come; one that finds none passes
+// unused. A cancelled transfer's bytes not delivered yet are never sent.
+// Times are the caller's, the trace read from offset_s on (a trial's start
+// in the trace).
 class LinkQueue {
  public:
-  explicit LinkQueue(const LinkTrace* trace) : trace_(trace) {}
+  explicit LinkQueue(const LinkTrace* trace, double offset_s = 0) : trace_(trace), offset_s_(offset_s) {}
 
-  struct Transfer {
-    uint64_t bytes = 0;
-    uint64_t first_packet = 0;  // its opportunities: [first_packet, first_packet + packets)
-    uint64_t packets = 0;
-    double sent_s = 0;
-    double done_s = 0;  // its last byte's arrival (sent_s for an empty transfer)
-  };
-  // Queues `bytes` sent at sent_s (not before the previous Send's sent_s).
-  Transfer Send(double sent_s, uint64_t bytes);
-  // Bytes of `t` arrived by t_s.
-  uint64_t ReceivedBy(const Transfer& t, double t_s) const;
+  // Queues `bytes` whose first byte may arrive at start_s (not before an
+  // earlier Send's start_s, nor before now()). Returns its id.
+  uint32_t Send(double start_s, uint64_t bytes);
+  void Cancel(uint32_t id);
+  // Delivers the opportunities at or before t_s (>= now()).
+  void AdvanceTo(double t_s);
+  double now() const { return now_s_; }
+  uint64_t Received(uint32_t id) const { return transfers_[id].received; }
+  bool Done(uint32_t id) const { return transfers_[id].done_s >= 0; }
+  double DoneAt(uint32_t id) const { return transfers_[id].done_s; }  // < 0: not done
+  // When the next transfer will be done if nothing is sent or cancelled
+  // meanwhile; infinity when none is queued.
+  double NextDone() const;
+  // Time at which `packets` opportunities, taken back to back from start_s
+  // on an idle link, have all passed (start_s when packets = 0).
+  double ArrivalOfPackets(double start_s, uint64_t packets) const;
 
  private:
+  struct Transfer {
+    uint64_t bytes = 0;
+    uint64_t received = 0;
+    double start_s = 0;
+    double done_s = -1;
+  };
+  // The first opportunity transfer `t` may take.
+  uint64_t FirstPacketFor(const Transfer& t) const;
+  double TimeOf(uint64_t packet) const { return trace_->TimeOfPacket(packet) - offset_s_; }
+  static uint64_t PacketsFor(uint64_t bytes) { return (bytes + LinkTrace::kPacketBytes - 1) / LinkTrace::kPacketBytes; }
+
   const LinkTrace* trace_;
-  uint64_t next_packet_ = 0;  // the first opportunity no transfer has taken
+  double offset_s_ = 0;
+  double now_s_ = 0;
+  uint64_t next_packet_ = 0;  // the first opportunity not passed yet
+  std::vector<Transfer> transfers_;
+  std::vector<uint32_t> queue_;  // not done and not cancelled, oldest first
 };
 
 }  // namespace cachegen::sim

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "shared_data.h"
 
 namespace cachegen::sim {
@@ -43,21 +45,47 @@ TEST(LinkTrace, RefusesWhatIsNotATrace) {
 TEST(LinkQueue, TransfersShareTheLinkInOrder) {
   const LinkTrace link = LinkTrace::Constant(1500 * 1000.0);  // a packet every ms
   LinkQueue q(&link);
-  const auto a = q.Send(0, 3000);  // packets at 1, 2 ms
-  EXPECT_EQ(a.packets, 2u);
-  EXPECT_DOUBLE_EQ(a.done_s, 0.002);
-  const auto b = q.Send(0, 1);  // behind a: the 3 ms packet
-  EXPECT_DOUBLE_EQ(b.done_s, 0.003);
-  EXPECT_EQ(q.ReceivedBy(a, 0.0015), 1500u);
-  EXPECT_EQ(q.ReceivedBy(a, 0.002), 3000u);
-  EXPECT_EQ(q.ReceivedBy(b, 0.0029), 0u);
-  EXPECT_EQ(q.ReceivedBy(b, 0.003), 1u);
+  const uint32_t a = q.Send(0, 3000);  // packets at 1, 2 ms
+  const uint32_t b = q.Send(0, 1);     // behind a: the 3 ms packet
+  EXPECT_DOUBLE_EQ(q.NextDone(), 0.002);
+  q.AdvanceTo(0.0015);
+  EXPECT_EQ(q.Received(a), 1500u);
+  EXPECT_FALSE(q.Done(a));
+  q.AdvanceTo(0.002);
+  EXPECT_EQ(q.Received(a), 3000u);
+  EXPECT_DOUBLE_EQ(q.DoneAt(a), 0.002);
+  EXPECT_EQ(q.Received(b), 0u);
+  EXPECT_DOUBLE_EQ(q.NextDone(), 0.003);
+  q.AdvanceTo(0.003);
+  EXPECT_EQ(q.Received(b), 1u);
+  EXPECT_DOUBLE_EQ(q.DoneAt(b), 0.003);
+  EXPECT_EQ(q.NextDone(), INFINITY);
   // Sent after the link went idle: the opportunities meanwhile are lost.
-  const auto c = q.Send(0.010, 1500);
-  EXPECT_DOUBLE_EQ(c.done_s, 0.010);
-  const auto empty = q.Send(0.020, 0);
-  EXPECT_DOUBLE_EQ(empty.done_s, 0.020);
-  EXPECT_EQ(q.ReceivedBy(empty, 1), 0u);
+  q.AdvanceTo(0.0095);
+  const uint32_t c = q.Send(0.0095, 1500);
+  EXPECT_DOUBLE_EQ(q.NextDone(), 0.010);
+  const uint32_t empty = q.Send(0.0095, 0);
+  q.AdvanceTo(0.020);
+  EXPECT_DOUBLE_EQ(q.DoneAt(c), 0.010);
+  EXPECT_DOUBLE_EQ(q.DoneAt(empty), 0.010);  // behind c, first come first served
+  EXPECT_EQ(q.Received(empty), 0u);
+}
+
+TEST(LinkQueue, CancelledTransfersFreeTheLinkAndStartsWait) {
+  const LinkTrace link = LinkTrace::Constant(1500 * 1000.0);
+  LinkQueue q(&link, 0.0004);  // the trace read from 0.4 ms on: packets at 0.6, 1.6, ... ms
+  const uint32_t a = q.Send(0, 15000);       // 10 packets
+  const uint32_t b = q.Send(0.0025, 3000);  // may not start before 2.5 ms (a round trip)
+  q.AdvanceTo(0.0017);
+  EXPECT_EQ(q.Received(a), 3000u);
+  q.Cancel(a);  // the rest of a is never sent: b takes the next opportunities after its start
+  EXPECT_DOUBLE_EQ(q.NextDone(), 0.0036);
+  q.AdvanceTo(1);
+  EXPECT_FALSE(q.Done(a));
+  EXPECT_EQ(q.Received(a), 3000u);
+  EXPECT_DOUBLE_EQ(q.DoneAt(b), 0.0036);
+  EXPECT_DOUBLE_EQ(q.ArrivalOfPackets(0.001, 3), 0.0036);
+  EXPECT_DOUBLE_EQ(q.ArrivalOfPackets(0.001, 0), 0.001);
 }
 
 // The shared cellular traces, where present: their documented means.
@@ -72,9 +100,10 @@ TEST(LinkTrace, SharedTracesHaveTheirDocumentedRates) {
   auto fast = LinkTrace::Load(path, 1000);
   ASSERT_TRUE(fast.ok());
   LinkQueue q(&*fast);
-  const auto x = q.Send(0, 1000000);
-  EXPECT_GT(x.done_s, 0.0005);
-  EXPECT_LT(x.done_s, 0.02);
+  const uint32_t x = q.Send(0, 1000000);
+  q.AdvanceTo(1);
+  EXPECT_GT(q.DoneAt(x), 0.0005);
+  EXPECT_LT(q.DoneAt(x), 0.02);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "bench_stream_sim.h"
 #include "cachegen/cli.h"
 #include "cachegen/command.h"
 #include "cachegen/service.h"
@@ -28,6 +29,7 @@ struct BenchStreamArgs {
   std::string factors = "0.3,0.5,0.75,1,1.5";
   std::string traces = "0.1gbit,1gbit,10gbit,drop";
   bool previous = false;  // also run the client without measured margins and hedging
+  SimulateArgs sim;
   uint32_t receive_path = 20;  // level-0 fetches of the receive-path report, each way (0 = none)
 };
 
@@ -403,7 +405,7 @@ int RunBenchStream(const BenchStreamArgs& a) {
 const bool kRegistered = RegisterCommand(45, [](CLI::App& root) -> CommandRunner {
   auto a = std::make_shared<BenchStreamArgs>();
   CLI::App* sub = root.add_subcommand("bench-stream",
-                                      "Adaptive vs fixed-level streaming over emulated links (0.1/1/10 Gbit/s, a drop)");
+                                      "Streaming: adaptive vs fixed levels over emulated links (0.1/1/10 Gbit/s, a drop), or with --simulate on link traces against an oracle");
   sub->add_option("--synthetic", a->synthetic, "Context L,H,D,T[,seed]")->capture_default_str();
   sub->add_option("--chunk-tokens", a->chunk_tokens, "Tokens per chunk")->capture_default_str();
   sub->add_option("--levels", a->levels, "Quality levels")->capture_default_str();
@@ -426,7 +428,13 @@ const bool kRegistered = RegisterCommand(45, [](CLI::App& root) -> CommandRunner
   sub->add_option("--deadline-factors", a->factors,
                   "Deadlines as multiples of the level-0 transfer time over the trace, plus the local fetch+decode time")
       ->capture_default_str();
-  return [sub, a] { return *sub ? std::optional<int>(RunBenchStream(*a)) : std::nullopt; };
+  AddSimulateOptions(sub, &a->sim);
+  return [sub, a]() -> std::optional<int> {
+    if (!*sub) return std::nullopt;
+    if (!a->sim.make_context.empty()) return RunMakeContext(a->sim);
+    if (a->sim.simulate) return RunSimulation(a->sim, a->factors);
+    return RunBenchStream(*a);
+  };
 });
 
 }  // namespace
