@@ -239,14 +239,18 @@ class LevelPlanner {
   // after an earlier one at its level), the configured ones: `safety` on both stages and `reserve`
   // of the deadline. Then, with z = spread_sigmas, the link's derating is
   // 1 - z * rate_cv, the decoder's 1 - z * (decode time's standard deviation
-  // / its mean), neither below `safety` nor above 0.99; the reserve is z
+  // / its mean) / sqrt(decodes_ahead) (the decodes still to run add up, and
+  // their sum spreads sqrt(k) times less, relative to it, than one decode:
+  // in the streaming simulation, whose decode noise is independent, the
+  // margin of one decode cost a level at deadlines a few % above the
+  // level-0 time), neither below `safety` nor above 0.99; the reserve is z
   // standard deviations of the end's noise (a segment's timing and one
   // decode, independent) plus 0.5 % of the deadline, never above the
   // configured share. On a steady link (a token bucket: its rate is exact,
   // its bursts a few ms) the fixed margins made the client end tens of ms
   // early at a coarser level than a fixed client that met the deadline by
   // 3 %; on a noisy one the measured margins are the configured ones.
-  PlanMargins Margins() const;
+  PlanMargins Margins(size_t decodes_ahead = 1) const;
 
   // Estimated bandwidth in bytes/s; 0 while unknown.
   double bandwidth() const { return bandwidth_; }

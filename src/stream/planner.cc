@@ -95,7 +95,7 @@ double LevelPlanner::DecodeSeconds(uint32_t c, int level) const {
   return decode_any_s_;
 }
 
-PlanMargins LevelPlanner::Margins() const {
+PlanMargins LevelPlanner::Margins(size_t decodes_ahead) const {
   constexpr double kMaxSafety = 0.99;
   constexpr double kReserveFloor = 0.005;  // of the deadline
   const double z = std::max(options_.spread_sigmas, 0.0);
@@ -106,7 +106,10 @@ PlanMargins LevelPlanner::Margins() const {
   const double hi = std::max(options_.safety, kMaxSafety);
   if (link_known) m.link_safety = std::clamp(1 - z * link_.rate_cv, options_.safety, hi);
   const double decode_sd = decode_known ? std::sqrt(decode_sq_residuals_ / decode_residuals_) : 0;
-  if (decode_known) m.decode_safety = std::clamp(1 - z * decode_sd / decode_any_s_, options_.safety, hi);
+  // The decodes ahead add up: their sum spreads sqrt(k) times less, relative
+  // to it, than one decode does (planner.h).
+  const double ahead = std::sqrt(static_cast<double>(std::max<size_t>(decodes_ahead, 1)));
+  if (decode_known) m.decode_safety = std::clamp(1 - z * decode_sd / decode_any_s_ / ahead, options_.safety, hi);
   if (link_known && decode_known) {
     const double measured =
         z * std::sqrt(link_.time_sd_s * link_.time_sd_s + decode_sd * decode_sd) + kReserveFloor * options_.deadline_s;
@@ -240,7 +243,7 @@ Plan LevelPlanner::Solve(uint32_t first, double elapsed_s, uint64_t kept_bytes, 
     return finish();
   }
   const double inf = std::numeric_limits<double>::infinity();
-  const PlanMargins margins = Margins();
+  const PlanMargins margins = Margins(slots.size());
   const double bw = bandwidth_ * margins.link_safety;
   const double dsafety = margins.decode_safety;
   const double left = options_.deadline_s - margins.reserve_s - elapsed_s;

@@ -43,7 +43,7 @@ struct RowSums {
 // Sums of one policy's outcomes over every trial (SimSummary).
 struct SummarySums {
   uint32_t trials = 0, feasible = 0, feasible_met = 0, both_met = 0, fixed_feasible = 0, not_worse = 0;
-  double kl = 0, oracle_kl = 0;
+  double kl = 0, oracle_kl = 0, level = 0, oracle_level = 0;
   void Add(const SimOutcome& o, const SimOutcome& oracle, double best_fixed_kl, bool fixed_met) {
     ++trials;
     if (oracle.met) {
@@ -54,6 +54,8 @@ struct SummarySums {
       ++both_met;
       kl += o.kl;
       oracle_kl += oracle.kl;
+      level += o.level;
+      oracle_level += oracle.level;
     }
     if (fixed_met) {
       ++fixed_feasible;
@@ -66,6 +68,8 @@ struct SummarySums {
     s.feasible = feasible;
     s.met_of_feasible = feasible ? static_cast<double>(feasible_met) / feasible : 0;
     s.both_met = both_met;
+    s.level = both_met ? level / both_met : 0;
+    s.oracle_level = both_met ? oracle_level / both_met : 0;
     s.kl_vs_oracle = oracle_kl > 0 ? kl / oracle_kl : (kl > 0 ? INFINITY : 1.0);
     s.fixed_feasible = fixed_feasible;
     s.not_worse_than_best_fixed = fixed_feasible ? static_cast<double>(not_worse) / fixed_feasible : 0;
@@ -81,16 +85,28 @@ Result<SimTable> RunSimTable(const SimTableSpec& spec) {
   if (spec.trials == 0) return Status::InvalidArgument("simulation: trials must be >= 1");
   SimTable table;
   SummarySums adaptive_sums, published_sums;
+  // Per (time scale, deadline factor), in the spec's order.
+  std::vector<std::pair<SummarySums, SummarySums>> group_sums(spec.time_scales.size() * spec.deadline_factors.size());
   for (size_t ti = 0; ti < spec.traces.size(); ++ti) {
     const std::string trace_name = std::filesystem::path(spec.traces[ti]).stem().string();
-    for (double scale : spec.time_scales) {
+    for (size_t si = 0; si < spec.time_scales.size(); ++si) {
+      const double scale = spec.time_scales[si];
       CG_ASSIGN_OR_RETURN(const LinkTrace trace, LinkTrace::Load(spec.traces[ti], scale));
       for (size_t ci = 0; ci < spec.contexts.size(); ++ci) {
         const SimContext& context = spec.contexts[ci];
         const int levels = context.levels();
         const DecodeTimes mean_decode = MeanDecodeTimes(context);
-        const std::vector<int> all_level0(context.chunks.size(), 0);
-        for (double factor : spec.deadline_factors) {
+        const DecodeTimes zero_decode(context.chunks.size(), std::vector<double>(context.levels(), 0.0));
+        std::vector<int> finest(context.chunks.size(), -1);  // each chunk's finest stored level
+        double decode0_s = 0;
+        for (size_t c = 0; c < context.chunks.size(); ++c) {
+          for (int l = context.levels() - 1; l >= 0; --l)
+            if (context.chunks[c].level_bytes[l] > 0) finest[c] = l;
+          decode0_s += mean_decode[c][finest[c]];
+        }
+        for (size_t fi = 0; fi < spec.deadline_factors.size(); ++fi) {
+          const double factor = spec.deadline_factors[fi];
+          auto& [group_adaptive, group_published] = group_sums[si * spec.deadline_factors.size() + fi];
           // Policies in table order: adaptive, published, fixed-0.., oracle.
           std::vector<RowSums> sums(levels + 3);
           for (uint32_t trial = 0; trial < spec.trials; ++trial) {
@@ -99,14 +115,22 @@ Result<SimTable> RunSimTable(const SimTableSpec& spec) {
             const double offset = std::uniform_real_distribution<double>(0, trace.period_s())(rng);
             const SimLink link{&trace, offset, spec.rtt_s};
             const DecodeTimes decode = DrawDecodeTimes(context, Mix(spec.seed, 1000 + ci, trial));
-            const double deadline_s =
-                factor * ScorePlan(context, link, mean_decode, all_level0, 0, 0).total_s;
+            // The level-0 decodes (their mean) + factor x the link's time for
+            // every level-0 frame requested at once: bench-stream's deadlines.
+            const double link0_s = ScorePlan(context, link, zero_decode, finest, 0, 0).total_s;
+            const double deadline_s = decode0_s + factor * link0_s;
             StreamOptions o = spec.client;
             o.deadline_ms = deadline_s * 1000;
             o.recompute_tokens_per_s = spec.recompute_tokens_per_s;
             o.stop_at_deadline = false;
             o.fixed_level = -1;
-            const SimOutcome oracle = Oracle(context, link, decode, deadline_s, spec.recompute_tokens_per_s);
+            // The oracle knows the link's future and the decoder's mean
+            // costs, as the client does; not each decode's noise (no policy
+            // can), which scores its plan like every other.
+            const SimOutcome oracle =
+                ScorePlan(context, link, decode,
+                          Oracle(context, link, mean_decode, deadline_s, spec.recompute_tokens_per_s).levels,
+                          deadline_s, spec.recompute_tokens_per_s);
             const SimOutcome adaptive = SimulateFetch(context, link, decode, o);
             const SimOutcome published = SimulateFetch(
                 context, link, decode, o,
@@ -127,6 +151,8 @@ Result<SimTable> RunSimTable(const SimTableSpec& spec) {
             sums[2 + levels].Add(oracle, oracle.met);
             adaptive_sums.Add(adaptive, oracle, best_fixed_kl, fixed_met);
             published_sums.Add(published, oracle, best_fixed_kl, fixed_met);
+            group_adaptive.Add(adaptive, oracle, best_fixed_kl, fixed_met);
+            group_published.Add(published, oracle, best_fixed_kl, fixed_met);
           }
           for (size_t p = 0; p < sums.size(); ++p) {
             const RowSums& s = sums[p];
@@ -142,6 +168,11 @@ Result<SimTable> RunSimTable(const SimTableSpec& spec) {
       }
     }
   }
+  for (size_t si = 0; si < spec.time_scales.size(); ++si)
+    for (size_t fi = 0; fi < spec.deadline_factors.size(); ++fi) {
+      const auto& [a, p] = group_sums[si * spec.deadline_factors.size() + fi];
+      table.groups.push_back({spec.time_scales[si], spec.deadline_factors[fi], a.Get(), p.Get()});
+    }
   table.adaptive = adaptive_sums.Get();
   table.published = published_sums.Get();
   return table;

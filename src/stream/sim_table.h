@@ -18,11 +18,10 @@ namespace cachegen::sim {
 struct SimTableSpec {
   std::vector<std::string> traces;  // mahimahi trace files
   std::vector<double> time_scales = {100, 1000, 10000};
-  // A trial's deadline: this factor x the time the whole context takes at
-  // level 0 from the trial's start, every frame requested at once, with
-  // mean decode times (the oracle's time model, ScorePlan): 1 = level 0
-  // just fits where decodes take their mean; below, only coarser levels
-  // or recomputing can make it.
+  // A trial's deadline, as bench-stream's: the context's level-0 decode
+  // time (the mean) plus this factor x the time the link takes to deliver
+  // every level-0 frame requested at once from the trial's start (a round
+  // trip included).
   std::vector<double> deadline_factors = {0.3, 0.5, 0.75, 1, 1.5};
   std::vector<SimContext> contexts;
   double rtt_s = 0.001;
@@ -59,13 +58,23 @@ struct SimSummary {
   double met_of_feasible = 0;    // of those, the share the policy met
   uint32_t both_met = 0;
   double kl_vs_oracle = 0;       // its summed KL / the oracle's, over trials both met
+  double level = 0;              // its mean level over trials both met
+  double oracle_level = 0;       // the oracle's, over the same trials
   uint32_t fixed_feasible = 0;   // trials some fixed level met
   double not_worse_than_best_fixed = 0;  // of those, met with KL <= the finest fixed level that met
 };
 
+// The summaries of the trials of one time scale and deadline factor.
+struct SimGroup {
+  double time_scale = 0;
+  double deadline_factor = 0;
+  SimSummary adaptive, published;
+};
+
 struct SimTable {
   std::vector<SimRow> rows;
-  SimSummary adaptive, published;
+  SimSummary adaptive, published;  // over every trial
+  std::vector<SimGroup> groups;    // by time scale, then deadline factor
 };
 
 Result<SimTable> RunSimTable(const SimTableSpec& spec);

@@ -39,6 +39,14 @@ void PrintTable(const sim::SimTable& t) {
     std::printf("%-22s %7g %6g %-14s %-10s %5.2f %5.2f %10.3e %5.2f %8.3f %6.2f %6.2f %6.2f\n", r.trace.c_str(),
                 r.time_scale, r.deadline_factor, r.context.c_str(), r.policy.c_str(), r.met, r.feasible, r.kl, r.level,
                 r.bytes / 1e6, r.recomputed, r.reissued, r.backups);
+  std::printf("\nBy time scale and deadline factor (trials over every trace and context): oracle-feasible trials; "
+              "met of those; KL / the oracle's and mean levels over the trials both met\n");
+  std::printf("%7s %6s %9s | %-34s | %-22s\n", "scale", "factor", "feasible", "adaptive met  KL/oracle  level(oracle)",
+              "published met  KL/oracle");
+  for (const sim::SimGroup& g : t.groups)
+    std::printf("%7g %6g %5u/%-3u | %6.1f%% %9.2fx %7.2f (%.2f) | %6.1f%% %9.2fx\n", g.time_scale, g.deadline_factor,
+                g.adaptive.feasible, g.adaptive.trials, 100 * g.adaptive.met_of_feasible, g.adaptive.kl_vs_oracle,
+                g.adaptive.level, g.adaptive.oracle_level, 100 * g.published.met_of_feasible, g.published.kl_vs_oracle);
   for (const auto& [name, s] : {std::pair{"adaptive", t.adaptive}, std::pair{"published", t.published}})
     std::printf("%s: %u trials, oracle met %u; met %.1f%% of those; KL %.3fx the oracle's over the %u both met; "
                 "not worse than the finest fixed level that met in %.1f%% of %u trials\n",
