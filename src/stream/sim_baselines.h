@@ -11,9 +11,8 @@ namespace cachegen::sim {
 
 // The best any policy could have done in a trial: the plan (a level per
 // chunk, or recompute) of least ContextKl whose end meets the deadline,
-// knowing the link's future and taking `decode` as the decode times (the
-// table gives it the means: no policy can know each decode's noise, which
-// then scores its plan as any other's). Its time model is the
+// knowing the trial's whole future: the link's, and every decode's time
+// (`decode`). So it meets every deadline any policy met. Its time model is the
 // planner's (LevelPlanner): every frame requested at the start, back to
 // back on the link (first byte a round trip later); chunks decoded one at a
 // time in order, each once it arrived and the one before is decoded;

@@ -124,13 +124,9 @@ Result<SimTable> RunSimTable(const SimTableSpec& spec) {
             o.recompute_tokens_per_s = spec.recompute_tokens_per_s;
             o.stop_at_deadline = false;
             o.fixed_level = -1;
-            // The oracle knows the link's future and the decoder's mean
-            // costs, as the client does; not each decode's noise (no policy
-            // can), which scores its plan like every other.
-            const SimOutcome oracle =
-                ScorePlan(context, link, decode,
-                          Oracle(context, link, mean_decode, deadline_s, spec.recompute_tokens_per_s).levels,
-                          deadline_s, spec.recompute_tokens_per_s);
+            // The oracle knows the trial's whole future: the link's and each
+            // decode's time. So it meets every deadline some policy met.
+            const SimOutcome oracle = Oracle(context, link, decode, deadline_s, spec.recompute_tokens_per_s);
             const SimOutcome adaptive = SimulateFetch(context, link, decode, o);
             const SimOutcome published = SimulateFetch(
                 context, link, decode, o,
