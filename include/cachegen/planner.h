@@ -128,6 +128,10 @@ struct PlannerOptions {
   // fetch cannot learn in time (DecodeSeconds); the machine's speed now is
   // taken from the chunks this fetch processes.
   std::vector<double> level_decode_s_per_token;
+  // The decoder's spread (LevelPlanner::DecodeCv) measured by a client's
+  // earlier fetches on this machine; 0 = unknown. Margins follow it from the
+  // first plan (until this fetch measures its own).
+  double decode_cv = 0;
 };
 
 // Spread of the link's goodput, measured over disjoint segments of the
@@ -234,23 +238,34 @@ class LevelPlanner {
   // The link's measured spread (RateEstimator::spread); margins follow it
   // once it covers 3 segments.
   void SetLinkSpread(const LinkSpread& spread) { link_ = spread; }
-  // The margins the next plan keeps. Until the spread of the link and of
-  // decode times has been measured (3 segments, and 3 decode times each
-  // after an earlier one at its level), the configured ones: `safety` on both stages and `reserve`
-  // of the deadline. Then, with z = spread_sigmas, the link's derating is
-  // 1 - z * rate_cv, the decoder's 1 - z * (decode time's standard deviation
-  // / its mean) / sqrt(decodes_ahead) (the decodes still to run add up, and
-  // their sum spreads sqrt(k) times less, relative to it, than one decode:
-  // in the streaming simulation, whose decode noise is independent, the
-  // margin of one decode cost a level at deadlines a few % above the
-  // level-0 time), neither below `safety` nor above 0.99; the reserve is z
-  // standard deviations of the end's noise (a segment's timing and one
-  // decode, independent) plus 0.5 % of the deadline, never above the
+  // The margins the next plan keeps. Until a spread is known, the configured
+  // ones: `safety` on both stages and `reserve` of the deadline. The link's
+  // spread is known once measured over 3 segments; the decoder's once 3
+  // decode times were measured each after an earlier one at its level, or
+  // from the start where an earlier fetch measured it (decode_cv). With
+  // z = spread_sigmas, the link's derating is then 1 - z * rate_cv, the
+  // decoder's 1 - z * (decode time's standard deviation / its mean) /
+  // sqrt(decodes_ahead) (the decodes still to run add up, and their sum
+  // spreads sqrt(k) times less, relative to it, than one decode: in the
+  // streaming simulation, whose decode noise is independent, the margin of
+  // one decode cost a level at deadlines a few % above the level-0 time),
+  // neither below `safety` nor above 0.99. Once both spreads are known, or
+  // the decoder's where the fetch is decode-bound whatever the plan
+  // (decode_bound: every chunk's finest frame crosses the link in under
+  // half the decode time at the coarsest, so the link's noise cannot move
+  // the end; a fast link never gives the 3 segments in one fetch), the
+  // reserve is z standard deviations of the end's noise (a segment's timing
+  // and one decode, independent) plus 0.5 % of the deadline, never above the
   // configured share. On a steady link (a token bucket: its rate is exact,
   // its bursts a few ms) the fixed margins made the client end tens of ms
   // early at a coarser level than a fixed client that met the deadline by
   // 3 %; on a noisy one the measured margins are the configured ones.
-  PlanMargins Margins(size_t decodes_ahead = 1) const;
+  PlanMargins Margins(size_t decodes_ahead = 1, bool decode_bound = false) const;
+  // The decoder's measured spread: the standard deviation of decode times
+  // around their level's estimate over the mean decode time, once 3 are
+  // measured; else 0.
+  double DecodeCv() const;
+  bool decode_spread_measured() const { return decode_residuals_ >= kTrustedSamples && decode_any_s_ > 0; }
 
   // Estimated bandwidth in bytes/s; 0 while unknown.
   double bandwidth() const { return bandwidth_; }

@@ -642,6 +642,7 @@ struct StreamClient::MachineCosts {
   std::mutex mu;
   double receive_cost_s_per_byte = 0;
   double decode_s_per_token = 0;
+  double decode_cv = 0;  // LevelPlanner::DecodeCv of the latest fetch that measured it
   std::array<double, kMaxChunkLevels> level_decode_s{}, level_tokens{};
 
   void AddFetch(std::span<const double> decode_s, std::span<const double> tokens) {
@@ -727,6 +728,7 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
     popts.receive_cost_s_per_byte = costs_->receive_cost_s_per_byte;
     popts.decode_s_per_token = costs_->decode_s_per_token;
     popts.level_decode_s_per_token = costs_->LevelDecodeSPerToken();
+    popts.decode_cv = costs_->decode_cv;
   }
 
   // Twice the pipeline's threads: an abandoned request holds its thread until
@@ -781,6 +783,7 @@ Result<StreamResult> StreamClient::Fetch(std::span<const ChunkKey> keys, std::sp
     std::lock_guard<std::mutex> lock(costs_->mu);
     const LevelPlanner& planner = session.planner();
     if (planner.receive_cost_measured()) costs_->receive_cost_s_per_byte = planner.ReceiveCost();
+    if (planner.decode_spread_measured()) costs_->decode_cv = planner.DecodeCv();
     const auto& level_s = session.level_decoded_s();
     const auto& level_tokens = session.level_decoded_tokens();
     const double decoded_tokens = std::accumulate(level_tokens.begin(), level_tokens.end(), 0.0);

@@ -183,6 +183,7 @@ SimOutcome SimulateFetch(const SimContext& context, const SimLink& link, const D
   PlannerOptions popts = PlannerOptionsFor(options);
   popts.level_decode_s_per_token = context.decode_s_per_token;
   if (!context.decode_s_per_token.empty()) popts.decode_s_per_token = context.decode_s_per_token[0];
+  popts.decode_cv = context.decode_cv;
   StreamOptions o = options;
   o.decode_threads = 1;
   FetchSession session(&io, context.chunks, o, popts, static_levels);

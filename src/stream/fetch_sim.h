@@ -60,7 +60,7 @@ double RecomputeSeconds(uint64_t tokens, double tokens_per_s);
 // the deadline is scored, the fetch is never cut short). static_levels
 // (per chunk, -1 = recompute) replaces the planner (FetchSession). The
 // client is warm: it knows this machine's decode times per level (the
-// context's means), not the link.
+// context's means) and their spread, not the link.
 SimOutcome SimulateFetch(const SimContext& context, const SimLink& link, const DecodeTimes& decode,
                          const StreamOptions& options, const std::vector<int>& static_levels = {});
 

@@ -95,24 +95,35 @@ double LevelPlanner::DecodeSeconds(uint32_t c, int level) const {
   return decode_any_s_;
 }
 
-PlanMargins LevelPlanner::Margins(size_t decodes_ahead) const {
+double LevelPlanner::DecodeCv() const {
+  if (!decode_spread_measured()) return 0;
+  return std::sqrt(decode_sq_residuals_ / decode_residuals_) / decode_any_s_;
+}
+
+PlanMargins LevelPlanner::Margins(size_t decodes_ahead, bool decode_bound) const {
   constexpr double kMaxSafety = 0.99;
   constexpr double kReserveFloor = 0.005;  // of the deadline
   const double z = std::max(options_.spread_sigmas, 0.0);
   const double configured_s = options_.reserve * options_.deadline_s;
   PlanMargins m{options_.safety, options_.safety, configured_s};
-  const bool link_known = options_.measured_margins && link_.segments >= kTrustedSamples;
-  const bool decode_known = options_.measured_margins && decode_residuals_ >= kTrustedSamples && decode_any_s_ > 0;
+  if (!options_.measured_margins) return m;
+  const bool link_known = link_.segments >= kTrustedSamples;
+  // The decoder's spread: measured in this fetch, else an earlier fetch's
+  // on this machine (PlannerOptions::decode_cv).
+  const double cv = decode_spread_measured() ? DecodeCv() : std::max(options_.decode_cv, 0.0);
+  const bool decode_known = decode_spread_measured() || cv > 0;
   const double hi = std::max(options_.safety, kMaxSafety);
   if (link_known) m.link_safety = std::clamp(1 - z * link_.rate_cv, options_.safety, hi);
-  const double decode_sd = decode_known ? std::sqrt(decode_sq_residuals_ / decode_residuals_) : 0;
   // The decodes ahead add up: their sum spreads sqrt(k) times less, relative
   // to it, than one decode does (planner.h).
   const double ahead = std::sqrt(static_cast<double>(std::max<size_t>(decodes_ahead, 1)));
-  if (decode_known) m.decode_safety = std::clamp(1 - z * decode_sd / decode_any_s_ / ahead, options_.safety, hi);
-  if (link_known && decode_known) {
-    const double measured =
-        z * std::sqrt(link_.time_sd_s * link_.time_sd_s + decode_sd * decode_sd) + kReserveFloor * options_.deadline_s;
+  if (decode_known) m.decode_safety = std::clamp(1 - z * cv / ahead, options_.safety, hi);
+  // A decode-bound fetch ends with the decoder whatever the link's noise.
+  if (decode_known && (link_known || decode_bound)) {
+    const double one_decode_s = decode_any_s_ > 0 ? decode_any_s_ : (chunks_.empty() ? 0 : DecodeSeconds(0, 0));
+    const double decode_sd = cv * one_decode_s;
+    const double link_sd = link_known ? link_.time_sd_s : 0;
+    const double measured = z * std::sqrt(link_sd * link_sd + decode_sd * decode_sd) + kReserveFloor * options_.deadline_s;
     m.reserve_s = std::min(measured, configured_s);
   }
   return m;
@@ -243,7 +254,16 @@ Plan LevelPlanner::Solve(uint32_t first, double elapsed_s, uint64_t kept_bytes, 
     return finish();
   }
   const double inf = std::numeric_limits<double>::infinity();
-  const PlanMargins margins = Margins(slots.size());
+  // Decode-bound whatever the plan: every slot at its finest level still
+  // crosses the link in under half the decode time at the coarsest.
+  double finest_bytes = static_cast<double>(kept_bytes), coarsest_decode_s = pending_decode_s;
+  for (const Slot& s : slots) {
+    finest_bytes += static_cast<double>(s.cur >= 0 ? s.left : Bytes(s.c, 0));
+    const int coarsest = s.cur >= 0 ? s.cur : Coarsest(s.c);
+    if (coarsest >= 0) coarsest_decode_s += DecodeSeconds(s.c, coarsest);
+  }
+  const bool decode_bound = finest_bytes / bandwidth_ + tail_s_ < 0.5 * coarsest_decode_s;
+  const PlanMargins margins = Margins(slots.size(), decode_bound);
   const double bw = bandwidth_ * margins.link_safety;
   const double dsafety = margins.decode_safety;
   const double left = options_.deadline_s - margins.reserve_s - elapsed_s;
