@@ -590,6 +590,41 @@ TEST(Planner, MeasuredNoiseNeverWidensBeyondTheConfiguredMargins) {
   EXPECT_DOUBLE_EQ(p.Margins().decode_safety, 0.9);
 }
 
+TEST(Planner, DecodeSpreadFromEarlierFetchesSetsTheMarginsFromTheStart) {
+  PlannerOptions o;
+  o.deadline_s = 1.0;
+  o.initial_bandwidth_bytes_s = 1e9;
+  o.decode_s_per_token = 1e-5;  // 2.56 ms a chunk
+  o.decode_cv = 0.1;            // an earlier fetch's
+  const LevelPlanner p(Chunks(16), o);
+  // 16 decodes ahead: their sum spreads a quarter of one decode's 10 %.
+  EXPECT_NEAR(p.Margins(16).decode_safety, 1 - 2 * 0.1 / 4, 1e-12);
+  EXPECT_DOUBLE_EQ(p.Margins(1).decode_safety, 0.9) << "never below safety";
+  // The link's spread is unknown: the configured reserve, unless the fetch
+  // is decode-bound, where the decoder's spread sizes it.
+  EXPECT_DOUBLE_EQ(p.Margins(16).reserve_s, 0.05);
+  EXPECT_NEAR(p.Margins(16, true).reserve_s, 2 * 0.1 * 0.00256 + 0.005, 1e-12);
+  // A 16 MB context at 1 GB/s takes 16 ms of link against 41 ms of decode:
+  // decode-bound, so level 0 fits 45 ms (41 / 0.95 + 0.5 ms of reserve).
+  LevelPlanner q(Chunks(16), [&] {
+    PlannerOptions x = o;
+    x.deadline_s = 0.045;
+    return x;
+  }());
+  const Plan fits = q.Replan(0, 0, 0);
+  EXPECT_TRUE(fits.feasible);
+  EXPECT_TRUE(AllFinest(fits));
+  // Without the earlier fetch's spread, the configured margins (41 / 0.9 +
+  // 2.25 ms): nothing fits (coarser levels decode no faster here).
+  LevelPlanner r(Chunks(16), [&] {
+    PlannerOptions x = o;
+    x.deadline_s = 0.045;
+    x.decode_cv = 0;
+    return x;
+  }());
+  EXPECT_FALSE(r.Replan(0, 0, 0).feasible);
+}
+
 TEST(Planner, HedgesTheLatestChunksFromSpareSlackOnly) {
   // 8 chunks, 10 MB/s: level 0 takes 0.8 s. Deadline 1.2 s: 0.4 s spare. A
   // fall to 1 MB/s now would leave 3.4 s of coarsest frames: exposed. A
