@@ -160,6 +160,9 @@ struct InFlight {
 struct PlanChunk {
   uint32_t tokens = 0;
   std::vector<uint64_t> level_bytes;  // per level (0 = finest); 0 = level not available
+  // Its finest and coarsest available levels; -1 if none.
+  int finest() const;
+  int coarsest() const;
 };
 
 struct ChunkDecision {

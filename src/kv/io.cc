@@ -449,7 +449,7 @@ Result<std::vector<uint8_t>> SerializeKV(const KVTensor& tensor, KVFileFormat fo
   return Status::InvalidArgument("unknown KV file format");
 }
 
-Result<std::vector<uint8_t>> ReadFileBytes(const std::string& path) {
+Result<std::vector<uint8_t>> ReadFileBytes(const std::string& path, uint64_t max_bytes) {
   std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
   if (!f) return Status::IOError("cannot open '" + path + "': " + std::strerror(errno));
   // Only regular files: a directory or device would report a meaningless size.
@@ -457,6 +457,9 @@ Result<std::vector<uint8_t>> ReadFileBytes(const std::string& path) {
   if (fstat(fileno(f.get()), &st) != 0 || !S_ISREG(st.st_mode))
     return Status::IOError("'" + path + "' is not a regular file");
   const off_t size = st.st_size;
+  if (static_cast<uint64_t>(size) > max_bytes)
+    return Status::InvalidArgument("'" + path + "' is " + std::to_string(size) + " bytes, over the " +
+                                   std::to_string(max_bytes) + "-byte limit");
   std::vector<uint8_t> bytes(static_cast<size_t>(size));
   if (size > 0 && std::fread(bytes.data(), 1, bytes.size(), f.get()) != bytes.size())
     return Status::IOError("cannot read '" + path + "'");

@@ -45,7 +45,9 @@ Result<KVTensor> ParseKV(std::span<const uint8_t> bytes, KVFileFormat format);
 Result<std::vector<uint8_t>> SerializeKV(const KVTensor& tensor, KVFileFormat format);
 
 // Whole-file helpers.
-Result<std::vector<uint8_t>> ReadFileBytes(const std::string& path);
+// A file larger than max_bytes is refused (kInvalidArgument) before it is
+// read: for inputs that are parsed whole.
+Result<std::vector<uint8_t>> ReadFileBytes(const std::string& path, uint64_t max_bytes = UINT64_MAX);
 Status WriteFileBytes(const std::string& path, std::span<const uint8_t> bytes);
 
 }  // namespace cachegen

@@ -13,25 +13,30 @@
 
 namespace cachegen::sim {
 
-DecodeTimes DrawDecodeTimes(const SimContext& context, uint64_t seed) {
+namespace {
+
+// The context's mean decode times with noise of relative spread `cv`.
+DecodeTimes DecodeTimesWithSpread(const SimContext& context, double cv, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<double> noise(0.0, 1.0);
   DecodeTimes times(context.chunks.size());
   for (size_t c = 0; c < context.chunks.size(); ++c) {
     times[c].resize(context.decode_s_per_token.size());
     for (size_t l = 0; l < times[c].size(); ++l) {
-      const double factor = std::clamp(1 + context.decode_cv * noise(rng), 0.2, 5.0);
+      const double factor = std::clamp(1 + cv * noise(rng), 0.2, 5.0);
       times[c][l] = context.decode_s_per_token[l] * context.chunks[c].tokens * factor;
     }
   }
   return times;
 }
 
-DecodeTimes MeanDecodeTimes(const SimContext& context) {
-  SimContext exact = context;
-  exact.decode_cv = 0;
-  return DrawDecodeTimes(exact, 0);
+}  // namespace
+
+DecodeTimes DrawDecodeTimes(const SimContext& context, uint64_t seed) {
+  return DecodeTimesWithSpread(context, context.decode_cv, seed);
 }
+
+DecodeTimes MeanDecodeTimes(const SimContext& context) { return DecodeTimesWithSpread(context, 0, 0); }
 
 double ContextKl(const SimContext& context, const std::vector<int>& levels) {
   double weighted = 0, tokens = 0;
@@ -55,12 +60,12 @@ namespace {
 // for the trial's drawn time, one more waiting behind it.
 class SimIo final : public FetchIo {
  public:
-  SimIo(const SimLink& link, const DecodeTimes& decode) : link_(link.trace, link.offset_s), rtt_s_(link.rtt_s), decode_(decode) {}
+  SimIo(const SimContext& context, const SimLink& link, const DecodeTimes& decode)
+      : context_(context), link_(link.trace, link.offset_s), rtt_s_(link.rtt_s), decode_(decode) {}
 
   double Now() const override { return now_; }
   uint64_t Issue(uint32_t chunk, int level) override {
-    // Its frame's size is the session's (the lookup's); the driver is told it.
-    const uint32_t transfer = link_.Send(now_ + rtt_s_, frame_bytes_(chunk, level));
+    const uint32_t transfer = link_.Send(now_ + rtt_s_, context_.chunks[chunk].level_bytes[level]);
     requests_.push_back({chunk, level, transfer});
     SetActive(active_ + 1);
     return requests_.size();
@@ -73,11 +78,7 @@ class SimIo final : public FetchIo {
     SetActive(active_ - 1);
   }
   uint64_t Received(uint64_t request) const override { return link_.Received(requests_[request - 1].transfer); }
-  uint64_t ReceivedTotal() const override {
-    uint64_t total = 0;
-    for (const Request& r : requests_) total += link_.Received(r.transfer);
-    return total;
-  }
+  uint64_t ReceivedTotal() const override { return link_.received_total(); }
   double BusySeconds() const override { return busy_s_ + (active_ > 0 ? now_ - busy_since_ : 0); }
   void Forget(uint64_t) override {}
 
@@ -138,8 +139,6 @@ class SimIo final : public FetchIo {
   double NextEvent() const {
     return std::min(link_.NextDone(), running_ ? running_end_ : std::numeric_limits<double>::infinity());
   }
-  void SetFrameBytes(std::function<uint64_t(uint32_t, int)> f) { frame_bytes_ = std::move(f); }
-  uint64_t received_total() const { return ReceivedTotal(); }
 
  private:
   struct Request {
@@ -161,10 +160,10 @@ class SimIo final : public FetchIo {
     active_ = active;
   }
 
+  const SimContext& context_;
   LinkQueue link_;
   const double rtt_s_;
   const DecodeTimes& decode_;
-  std::function<uint64_t(uint32_t, int)> frame_bytes_;
   double now_ = 0;
   std::vector<Request> requests_;  // id = index + 1
   int active_ = 0;
@@ -178,8 +177,7 @@ class SimIo final : public FetchIo {
 
 SimOutcome SimulateFetch(const SimContext& context, const SimLink& link, const DecodeTimes& decode,
                          const StreamOptions& options, const std::vector<int>& static_levels) {
-  SimIo io(link, decode);
-  io.SetFrameBytes([&](uint32_t c, int level) { return context.chunks[c].level_bytes[level]; });
+  SimIo io(context, link, decode);
   PlannerOptions popts = PlannerOptionsFor(options);
   popts.level_decode_s_per_token = context.decode_s_per_token;
   if (!context.decode_s_per_token.empty()) popts.decode_s_per_token = context.decode_s_per_token[0];
@@ -215,7 +213,7 @@ SimOutcome SimulateFetch(const SimContext& context, const SimLink& link, const D
   for (int l : r.levels)
     if (l >= 0) level_sum += l, ++delivered;
   out.level = delivered ? level_sum / delivered : 0;
-  out.bytes = io.received_total();
+  out.bytes = io.ReceivedTotal();
   out.recomputed = static_cast<uint32_t>(r.recompute.size());
   out.reissued = r.reissued;
   out.backups = r.backups;

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
-#include <filesystem>
 
 #include "kv/io.h"
 
@@ -47,12 +46,7 @@ Result<LinkTrace> LinkTrace::Parse(std::string_view text, double time_scale) {
 }
 
 Result<LinkTrace> LinkTrace::Load(const std::string& path, double time_scale) {
-  std::error_code ec;
-  const uint64_t size = std::filesystem::file_size(path, ec);
-  if (!ec && size > kMaxTraceBytes)
-    return Status::InvalidArgument(path + ": a link trace of " + std::to_string(size) + " bytes is over the " +
-                                   std::to_string(kMaxTraceBytes) + "-byte limit");
-  CG_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadFileBytes(path));
+  CG_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadFileBytes(path, kMaxTraceBytes));
   Result<LinkTrace> t = Parse(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), time_scale);
   if (!t.ok()) return Status::InvalidArgument(path + ": " + t.status().message());
   return t;
@@ -116,7 +110,9 @@ void LinkQueue::AdvanceTo(double t_s) {
     const uint64_t first = FirstPacketFor(t);
     if (first >= passed) break;
     const uint64_t take = std::min(need, passed - first);
-    t.received = std::min(t.bytes, t.received + take * uint64_t{LinkTrace::kPacketBytes});
+    const uint64_t received = std::min(t.bytes, t.received + take * uint64_t{LinkTrace::kPacketBytes});
+    received_total_ += received - t.received;
+    t.received = received;
     next_packet_ = first + take;
     if (take < need) break;
     t.done_s = TimeOf(next_packet_ - 1);

@@ -60,6 +60,7 @@ class LinkQueue {
   void AdvanceTo(double t_s);
   double now() const { return now_s_; }
   uint64_t Received(uint32_t id) const { return transfers_[id].received; }
+  uint64_t received_total() const { return received_total_; }  // every transfer's
   bool Done(uint32_t id) const { return transfers_[id].done_s >= 0; }
   double DoneAt(uint32_t id) const { return transfers_[id].done_s; }  // < 0: not done
   // When the next transfer will be done if nothing is sent or cancelled
@@ -85,6 +86,7 @@ class LinkQueue {
   double offset_s_ = 0;
   double now_s_ = 0;
   uint64_t next_packet_ = 0;  // the first opportunity not passed yet
+  uint64_t received_total_ = 0;
   std::vector<Transfer> transfers_;
   std::vector<uint32_t> queue_;  // not done and not cancelled, oldest first
 };

@@ -140,12 +140,19 @@ int LevelPlanner::Resolve(uint32_t c, int level) const {
   return -1;
 }
 
-int LevelPlanner::Coarsest(uint32_t c) const {
-  const std::vector<uint64_t>& b = chunks_[c].level_bytes;
-  for (int l = static_cast<int>(b.size()) - 1; l >= 0; --l)
-    if (b[l] > 0) return l;
+int PlanChunk::finest() const {
+  for (int l = 0; l < static_cast<int>(level_bytes.size()); ++l)
+    if (level_bytes[l] > 0) return l;
   return -1;
 }
+
+int PlanChunk::coarsest() const {
+  for (int l = static_cast<int>(level_bytes.size()) - 1; l >= 0; --l)
+    if (level_bytes[l] > 0) return l;
+  return -1;
+}
+
+int LevelPlanner::Coarsest(uint32_t c) const { return chunks_[c].coarsest(); }
 
 uint64_t LevelPlanner::Bytes(uint32_t c, int level) const {
   const int l = Resolve(c, level);

@@ -61,13 +61,8 @@ SimOutcome Oracle(const SimContext& context, const SimLink& link, const DecodeTi
                   double recompute_tokens_per_s) {
   const LinkQueue queue(link.trace, link.offset_s);
   const size_t n = context.chunks.size();
-  uint64_t level0_packets = 0;
-  for (const PlanChunk& c : context.chunks)
-    for (uint64_t b : c.level_bytes)
-      if (b > 0) {
-        level0_packets += PacketsOf(b);
-        break;
-      }
+  uint64_t level0_packets = 0;  // every chunk at its finest level
+  for (const PlanChunk& c : context.chunks) level0_packets += PacketsOf(c.level_bytes[c.finest()]);
   constexpr uint64_t kBins = 256;
   constexpr size_t kPerState = 8;
   const uint64_t bin = std::max<uint64_t>(1, level0_packets / kBins);
@@ -95,7 +90,7 @@ SimOutcome Oracle(const SimContext& context, const SimLink& link, const DecodeTi
     };
     for (size_t p = 0; p < stages[c].size(); ++p) {
       const Label& from = stages[c][p];
-      for (int l = 0; l < static_cast<int>(chunk.level_bytes.size()) && l < context.levels(); ++l) {
+      for (int l = 0; l < static_cast<int>(chunk.level_bytes.size()); ++l) {
         if (chunk.level_bytes[l] == 0) continue;
         Label x = from;
         x.packets += PacketsOf(chunk.level_bytes[l]);
@@ -135,11 +130,10 @@ SimOutcome Oracle(const SimContext& context, const SimLink& link, const DecodeTi
     }
   } else {  // infeasible: the fastest plan, every chunk at its coarsest level or recomputed where sooner
     for (size_t c = 0; c < n; ++c) {
-      const std::vector<uint64_t>& b = context.chunks[c].level_bytes;
-      for (int l = std::min<int>(static_cast<int>(b.size()), context.levels()) - 1; l >= 0 && levels[c] < 0; --l)
-        if (b[l] > 0) levels[c] = l;
-      if (levels[c] >= 0 && recompute_tokens_per_s > 0) {
-        const double fetch_s = static_cast<double>(b[levels[c]]) / link.trace->mean_bytes_per_s();
+      levels[c] = context.chunks[c].coarsest();
+      if (recompute_tokens_per_s > 0) {
+        const double fetch_s =
+            static_cast<double>(context.chunks[c].level_bytes[levels[c]]) / link.trace->mean_bytes_per_s();
         if (RecomputeSeconds(context.chunks[c].tokens, recompute_tokens_per_s) < std::max(fetch_s, decode[c][levels[c]]))
           levels[c] = -1;
       }
@@ -156,18 +150,9 @@ std::vector<int> PublishedPolicyLevels(const SimContext& context, double bandwid
   const double budget_s = deadline_s / static_cast<double>(n);
   for (size_t c = 0; c < n; ++c) {
     const std::vector<uint64_t>& b = context.chunks[c].level_bytes;
-    int coarsest = -1;
-    for (int l = 0; l < static_cast<int>(b.size()) && levels[c] < 0; ++l) {
-      if (b[l] == 0) continue;
-      coarsest = l;
-      if (static_cast<double>(b[l]) / bandwidth_bytes_s <= budget_s) levels[c] = l;
-    }
-    for (int l = static_cast<int>(b.size()) - 1; l >= 0 && coarsest >= 0; --l)
-      if (b[l] > 0) {
-        coarsest = l;
-        break;
-      }
-    if (levels[c] < 0 && recompute_tokens_per_s <= 0) levels[c] = coarsest;
+    for (int l = 0; l < static_cast<int>(b.size()) && levels[c] < 0; ++l)
+      if (b[l] > 0 && static_cast<double>(b[l]) / bandwidth_bytes_s <= budget_s) levels[c] = l;
+    if (levels[c] < 0 && recompute_tokens_per_s <= 0) levels[c] = context.chunks[c].coarsest();
   }
   return levels;
 }

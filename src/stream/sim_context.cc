@@ -2,7 +2,6 @@
 #include "stream/sim_context.h"
 
 #include <cmath>
-#include <filesystem>
 
 #include <nlohmann/json.hpp>
 
@@ -78,12 +77,7 @@ Result<SimContext> ParseSimContext(const std::string& text) {
 }
 
 Result<SimContext> LoadSimContext(const std::string& path) {
-  std::error_code ec;
-  const uint64_t size = std::filesystem::file_size(path, ec);
-  if (!ec && size > kMaxContextFileBytes)
-    return Status::InvalidArgument(path + ": a simulation context of " + std::to_string(size) + " bytes is over the " +
-                                   std::to_string(kMaxContextFileBytes) + "-byte limit");
-  CG_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadFileBytes(path));
+  CG_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadFileBytes(path, kMaxContextFileBytes));
   Result<SimContext> c = ParseSimContext(std::string(bytes.begin(), bytes.end()));
   if (!c.ok()) return Status::InvalidArgument(path + ": " + c.status().message());
   return c;

@@ -97,11 +97,10 @@ Result<SimTable> RunSimTable(const SimTableSpec& spec) {
         const int levels = context.levels();
         const DecodeTimes mean_decode = MeanDecodeTimes(context);
         const DecodeTimes zero_decode(context.chunks.size(), std::vector<double>(context.levels(), 0.0));
-        std::vector<int> finest(context.chunks.size(), -1);  // each chunk's finest stored level
+        std::vector<int> finest(context.chunks.size());  // each chunk's finest stored level
         double decode0_s = 0;
         for (size_t c = 0; c < context.chunks.size(); ++c) {
-          for (int l = context.levels() - 1; l >= 0; --l)
-            if (context.chunks[c].level_bytes[l] > 0) finest[c] = l;
+          finest[c] = context.chunks[c].finest();
           decode0_s += mean_decode[c][finest[c]];
         }
         for (size_t fi = 0; fi < spec.deadline_factors.size(); ++fi) {
