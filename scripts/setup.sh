@@ -13,7 +13,8 @@ set -euo pipefail
 
 PACKAGES=(cmake ninja-build g++ clang libclang-rt-14-dev pkg-config libzstd-dev libxxhash-dev libcli11-dev
           nlohmann-json3-dev libfmt-dev libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev zstd python3
-          libhiredis-dev redis-server libboost-dev gnuplot-nox libeigen3-dev)
+          libhiredis-dev redis-server libboost-dev gnuplot-nox libeigen3-dev
+          python3-dev pybind11-dev python3-numpy python3-pytest)
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi

@@ -18,7 +18,7 @@
 
 #include "cachegen/kv.h"
 #include "cachegen/status.h"
-#include "cachegen/store.h"
+#include "cachegen/chunk_key.h"
 
 namespace cachegen {
 

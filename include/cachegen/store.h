@@ -9,7 +9,6 @@
 // several threads.
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -17,22 +16,10 @@
 #include <string_view>
 #include <vector>
 
+#include "cachegen/chunk_key.h"
 #include "cachegen/status.h"
 
 namespace cachegen {
-
-// 128-bit chunk address. Written as 32 lowercase hex digits wherever it
-// crosses a process boundary (file names, Redis keys, URLs).
-struct ChunkKey {
-  std::array<uint8_t, 16> bytes{};
-
-  std::string Hex() const;
-  // Accepts exactly 32 hex digits (either case); anything else is kInvalidArgument.
-  static Result<ChunkKey> FromHex(std::string_view hex);
-
-  friend bool operator==(const ChunkKey&, const ChunkKey&) = default;
-  friend auto operator<=>(const ChunkKey&, const ChunkKey&) = default;
-};
 
 // Counters since the store was opened (this process only).
 struct StoreStats {

@@ -11,7 +11,7 @@
 
 #include "cachegen/kv.h"
 #include "cachegen/status.h"
-#include "cachegen/store.h"
+#include "cachegen/chunk_key.h"
 #include "codec/codec.h"
 
 namespace cachegen {

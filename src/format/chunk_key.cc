@@ -1,6 +1,6 @@
 #include <string>
 
-#include "cachegen/store.h"
+#include "cachegen/chunk_key.h"
 
 namespace cachegen {
 
