@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds everything and runs every test (after fetching llama.cpp and building
 # its llama-server, scripts/build-llama-server.sh):
-#   1. Release build (build/) + ctest
+#   1. Release build (build/) + ctest (with the Python module's pytest suite,
+#      python_test, and the install test, install_test: tests/install/run.sh)
 #   2. ASan+UBSan build (build-asan/) + ctest
 #   3. libFuzzer build with clang (build-fuzz/); each tests/fuzz target runs
 #      for FUZZ_SECONDS (default 60)
@@ -103,6 +104,10 @@ if [ ${#fuzz_sources[@]} -gt 0 ]; then
 else
   echo "== no fuzz targets under tests/fuzz"
 fi
+
+echo "== Python module from the build folder"
+# The interpreter on PATH, whichever it is (python_test above ran the suite on the one it was built for).
+PYTHONPATH=build/python python3 -c 'import cachegen; print("import cachegen ok:", cachegen.__version__)'
 
 echo "== bench smoke"
 build/cachegen bench --synthetic 4,2,64,128 --reps 1 --threads 2 --thread-scaling --json >build/bench_smoke.json

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -50,6 +51,29 @@ class ChunkStore {
 
   // Removes (key, level). Removing an absent entry is not an error.
   virtual Status Delete(const ChunkKey& key, uint32_t level) = 0;
+
+  // Get, telling `progress` the frame bytes received so far; `progress`
+  // returning false abandons the read (kIOError "... cancelled"). Stores
+  // whose reads take long enough to watch (the chunk service's client)
+  // report as bytes arrive, the others once, when the frame is read (the
+  // default). The streaming client measures the link by it, and abandons a
+  // request it re-issues at a coarser level. Null `progress`: Get.
+  using Progress = std::function<bool(uint64_t received)>;
+  virtual Result<std::vector<uint8_t>> GetWithProgress(const ChunkKey& key, uint32_t level,
+                                                       const Progress& progress);
+
+  // The stored sizes of levels [0, levels) of each key of the longest prefix
+  // of `keys` stored at some level: level_bytes[i][l] for keys[i], 0 where
+  // that level is absent. store_error: why the prefix ended early where the
+  // store could not answer (ok: it ended at a miss or at the last key). Non-ok
+  // when the lookup itself failed. In one round trip where the backend can
+  // (the chunk service's client: POST /v1/lookup); by default Size() per key
+  // and level.
+  struct PrefixSizes {
+    std::vector<std::vector<uint64_t>> level_bytes;
+    Status store_error;
+  };
+  virtual Result<PrefixSizes> SizesOfPrefix(std::span<const ChunkKey> keys, uint32_t levels);
 
   virtual StoreStats stats() const = 0;
 

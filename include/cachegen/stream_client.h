@@ -1,6 +1,7 @@
 // StreamClient: fetch a context's cached chunks from a ChunkStore (a local
 // backend, or a service through ConnectService) under a deadline, adapting
-// each chunk's quality level to the measured bandwidth (LevelPlanner).
+// each chunk's quality level to the measured bandwidth (the planner,
+// src/stream/planner.h).
 //
 // Fetch looks up the longest cached prefix, then requests chunks in order
 // with up to `inflight` requests outstanding (beyond two, only while they
@@ -28,7 +29,6 @@
 
 #include "cachegen/codec.h"
 #include "cachegen/kv.h"
-#include "cachegen/planner.h"
 #include "cachegen/status.h"
 #include "cachegen/store.h"
 #include "cachegen/stream.h"

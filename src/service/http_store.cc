@@ -17,9 +17,8 @@
 
 #include "cachegen/codec.h"
 #include "cachegen/service.h"
+#include "cachegen/stream.h"
 #include "service/blocking_stream.h"
-#include "stream/lookup.h"
-#include "stream/progress_get.h"
 
 namespace cachegen {
 namespace {
@@ -93,7 +92,7 @@ struct Exchange {
   Response answer;
 };
 
-class HttpStore final : public ChunkStore, public PrefixLookupProvider, public ProgressGetProvider {
+class HttpStore final : public ChunkStore {
  public:
   HttpStore(std::string url, std::string host, int port, ClientOptions options)
       : url_(std::move(url)), host_(std::move(host)), port_(port), options_(std::move(options)) {}
@@ -171,7 +170,7 @@ class HttpStore final : public ChunkStore, public PrefixLookupProvider, public P
 
   std::string uri() const override { return url_; }
 
-  Result<PrefixLookup> LookupPrefixBatch(std::span<const ChunkKey> keys, uint32_t levels) override {
+  Result<PrefixSizes> SizesOfPrefix(std::span<const ChunkKey> keys, uint32_t levels) override {
     nlohmann::json req;
     nlohmann::json hex = nlohmann::json::array();
     for (const ChunkKey& k : keys) hex.push_back(k.Hex());
@@ -185,7 +184,8 @@ class HttpStore final : public ChunkStore, public PrefixLookupProvider, public P
     nlohmann::json out = nlohmann::json::parse(x.answer.body(), nullptr, false);
     if (out.is_discarded() || !out.is_object() || !out.contains("chunks") || !out["chunks"].is_array())
       return Status::IOError("service " + url_ + ": malformed lookup answer");
-    std::vector<CachedChunk> found;
+    PrefixSizes answer;
+    std::vector<std::vector<uint64_t>>& found = answer.level_bytes;
     for (const auto& c : out["chunks"]) {
       if (found.size() >= keys.size() || !c.is_object() || !c.contains("key") || !c["key"].is_string() ||
           !c.contains("sizes") || !c["sizes"].is_array() || c["sizes"].size() > kMaxChunkLevels)
@@ -193,15 +193,13 @@ class HttpStore final : public ChunkStore, public PrefixLookupProvider, public P
       Result<ChunkKey> key = ChunkKey::FromHex(c["key"].get<std::string>());
       if (!key.ok() || *key != keys[found.size()])
         return Status::IOError("service " + url_ + ": lookup answered other keys");
-      CachedChunk chunk;
-      chunk.key = *key;
+      std::vector<uint64_t> sizes;
       for (const auto& s : c["sizes"]) {
         if (!s.is_number_unsigned()) return Status::IOError("service " + url_ + ": malformed lookup answer");
-        chunk.level_bytes.push_back(s.get<uint64_t>());
+        sizes.push_back(s.get<uint64_t>());
       }
-      found.push_back(std::move(chunk));
+      found.push_back(std::move(sizes));
     }
-    PrefixLookup answer{std::move(found), Status::Ok()};
     if (out.contains("error")) {
       if (!out["error"].is_string()) return Status::IOError("service " + url_ + ": malformed lookup answer");
       answer.store_error = Status::IOError("service " + url_ + ": its store: " + out["error"].get<std::string>());

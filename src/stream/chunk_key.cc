@@ -7,7 +7,6 @@
 
 #include "cachegen/stream.h"
 #include "common/bytes.h"
-#include "stream/lookup.h"
 
 namespace cachegen {
 namespace {
@@ -84,35 +83,15 @@ std::vector<CachedChunk> LookupPrefix(ChunkStore& store, std::span<const ChunkKe
                                       Status* error) {
   levels = std::min(levels, kMaxChunkLevels);
   if (error) *error = Status::Ok();
-  auto failed = [&](const Status& st) {
-    if (error) *error = st;
-  };
-  if (auto* batch = dynamic_cast<PrefixLookupProvider*>(&store)) {
-    Result<PrefixLookup> r = batch->LookupPrefixBatch(keys, levels);
-    if (!r.ok()) {
-      failed(r.status());
-      return {};
-    }
-    if (!r->store_error.ok()) failed(r->store_error);
-    return std::move(r->chunks);
+  Result<ChunkStore::PrefixSizes> sizes = store.SizesOfPrefix(keys, levels);
+  if (!sizes.ok()) {
+    if (error) *error = sizes.status();
+    return {};
   }
+  if (error) *error = sizes->store_error;
   std::vector<CachedChunk> out;
-  for (const ChunkKey& key : keys) {
-    CachedChunk c;
-    c.key = key;
-    c.level_bytes.assign(levels, 0);
-    for (uint32_t l = 0; l < levels; ++l) {
-      Result<uint64_t> size = store.Size(key, l);
-      if (size.ok()) {
-        c.level_bytes[l] = *size;
-      } else if (size.status().code() != StatusCode::kNotFound) {
-        failed(size.status());
-        return out;
-      }
-    }
-    if (!c.any()) break;
-    out.push_back(std::move(c));
-  }
+  for (size_t i = 0; i < sizes->level_bytes.size() && i < keys.size(); ++i)
+    out.push_back(CachedChunk{keys[i], std::move(sizes->level_bytes[i])});
   return out;
 }
 

@@ -22,7 +22,6 @@
 
 #include "common/parallel.h"
 #include "stream/fetch_session.h"
-#include "stream/progress_get.h"
 
 namespace cachegen {
 namespace {
@@ -225,21 +224,15 @@ class Fetcher {
       Result<std::vector<uint8_t>> got = Status::IOError("cancelled");
       if (t->cancel) {
         // not sent
-      } else if (progress_) {
+      } else {
         uint64_t seen = 0;
-        got = progress_->GetWithProgress(keys_[t->chunk], t->level, [&](uint64_t received) {
+        got = store_->GetWithProgress(keys_[t->chunk], t->level, [&](uint64_t received) {
           if (received < seen) seen = 0;  // the store retried on a new connection
           received_ += received - seen;
           seen = received;
           t->received = received;
           return !t->cancel.load();
         });
-      } else {
-        got = store_->Get(keys_[t->chunk], t->level);
-        if (got.ok()) {
-          received_ += got->size();
-          t->received = got->size();
-        }
       }
       if (got.ok()) d.frame = FrameBytes(std::make_shared<const std::vector<uint8_t>>(std::move(*got)));
       else d.frame = got.status();
@@ -257,14 +250,13 @@ class Fetcher {
   }
 
   Fetcher(ChunkStore* store, std::span<const ChunkKey> keys)
-      : store_(store), progress_(dynamic_cast<ProgressGetProvider*>(store)), keys_(keys.begin(), keys.end()) {}
+      : store_(store), keys_(keys.begin(), keys.end()) {}
 
   struct Worker {
     std::thread thread;
     std::shared_ptr<std::atomic<bool>> done;
   };
   ChunkStore* store_;
-  ProgressGetProvider* progress_;
   const std::vector<ChunkKey> keys_;  // a copy: the threads may outlive the fetch
   std::vector<Worker> threads_;
   std::mutex mu_;

@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "cachegen/planner.h"
+#include "stream/planner.h"
 #include "cachegen/status.h"
 #include "cachegen/stream.h"
 #include "cachegen/stream_client.h"

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "cachegen/planner.h"
+#include "stream/planner.h"
 #include "cachegen/status.h"
 #include "cachegen/stream_client.h"
 #include "stream/link_trace.h"

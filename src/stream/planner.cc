@@ -1,4 +1,4 @@
-#include "cachegen/planner.h"
+#include "stream/planner.h"
 
 #include <algorithm>
 #include <cmath>

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "cachegen/planner.h"
+#include "stream/planner.h"
 #include "cachegen/status.h"
 
 namespace cachegen::sim {

@@ -1,5 +1,5 @@
 // LevelPlanner: level choice against deadlines, upgrades, recompute fallback.
-#include "cachegen/planner.h"
+#include "stream/planner.h"
 
 #include <gtest/gtest.h>
 
