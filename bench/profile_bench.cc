@@ -1,5 +1,5 @@
 // cachegen decode throughput of frames encoded with a model profile, with
-// and without channel classes (docs/EVAL.md "Channel classes"): classes
+// and without channel classes (docs/results/eval.md "Channel classes"): classes
 // move a K section's streams from the lockstep/AVX2 group decoders to the
 // per-symbol table decoder (rans::DecodeStreamWithTables). Synthetic KV of
 // a production head size (8 layers, 8 KV heads, 64 dims, 1024 tokens,

@@ -86,11 +86,11 @@ struct CodecConfig {
   // Step of every K section relative to the V sections of the same layer in
   // bits-targeted rate control (1 = one step for both; < 1: finer keys, which
   // attention is more sensitive to). Default 0.4 measured with `cachegen eval`
-  // on stories260K (docs/EVAL.md): at 2-3 bits/value it cut ΔPPL 2-5x vs 1.0.
+  // on stories260K (docs/results/eval.md): at 2-3 bits/value it cut ΔPPL 2-5x vs 1.0.
   double key_step_scale = 0.4;
   // RoPE handling of keys; off (kNone) by default for plain KV files. The
   // llama.cpp paths (eval, llama-serve, slot compress with --model) turn it on
-  // from the GGUF: it measured 3-10x lower ΔPPL at equal bits (docs/EVAL.md).
+  // from the GGUF: it measured 3-10x lower ΔPPL at equal bits (docs/results/eval.md).
   RopeConfig rope;
   // A model profile (cachegen/profile.h): frames reference it by id instead of
   // carrying channel statistics and frequency tables. Its rope and rotate
@@ -102,7 +102,7 @@ struct CodecConfig {
   // the levels of the smaller symbols to the centroids of their bins (stored
   // in the section, FORMAT.md "Reconstruction codebook"), and the encoder picks
   // levels by distortion plus a rate term (entropy-constrained, iterated
-  // Lloyd-style). Opt-in; measured in docs/EVAL.md.
+  // Lloyd-style). Opt-in; measured in docs/results/eval.md.
   enum class Quantizer : uint8_t { kUniform = 0, kLloyd = 1 };
   Quantizer quantizer = Quantizer::kUniform;
   uint32_t recent_tokens = 0;  // most recent W tokens of the context at higher precision

@@ -35,7 +35,7 @@ struct ProfileTrainOptions {
   // Learn, per K head, the orthonormal transform that decorrelates its
   // channels (the eigenvectors of their covariance, KLT); frames then code
   // keys in that basis and decoders turn them back (docs/FORMAT.md, format
-  // version 3). Measured on stories260K (docs/EVAL.md). Not with rotate
+  // version 3). Measured on stories260K (docs/results/eval.md). Not with rotate
   // (ignored there).
   bool key_transform = true;
   // Per section (layer l: 2l = K, 2l + 1 = V): empty, or per KV head a
@@ -50,14 +50,14 @@ struct ProfileTrainOptions {
   // with rotate.
   std::vector<std::vector<double>> channel_weights;
   // The fraction of that move, in (0, 1]; 0 = the measured default: the whole
-  // way in a section with a key transform, half-way without (docs/EVAL.md).
+  // way in a section with a key transform, half-way without (docs/results/eval.md).
   double channel_weight_strength = 0;
   // Code K sections' symbols with one table per class of channels instead of
   // one per head (docs/FORMAT.md, format version 4): channels are classed by
   // the spread of their quantizer inputs against their coded scale, in
   // quarter octaves (at most 16 classes per stream kind), so channels whose
   // symbols are distributed alike share a table. Measured on stories260K
-  // (docs/EVAL.md).
+  // (docs/results/eval.md).
   bool key_channel_classes = true;
   // The same for V sections: a learned transform of each V head, and tables
   // per class of alike channels (the format allows either in any section).

@@ -1,5 +1,5 @@
 // Internal: the streaming simulation's table (`cachegen bench-stream
-// --simulate`, docs/SERVICE.md "Streaming simulation"): every trace at every
+// --simulate`, docs/SERVICE.md "Streaming decisions"): every trace at every
 // time scale, deadline factor and context, a few start offsets into the
 // trace each (trials), with the adaptive client, CacheGen's published policy,
 // every fixed level and the oracle on the same link and decode times.

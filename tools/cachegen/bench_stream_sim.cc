@@ -82,7 +82,7 @@ void PrintJson(const sim::SimTable& t) {
 void AddSimulateOptions(CLI::App* sub, SimulateArgs* a) {
   sub->add_flag("--simulate", a->simulate,
                 "Judge the streaming decisions in a deterministic simulation on link traces against an oracle "
-                "(docs/SERVICE.md, \"Streaming simulation\") instead of streaming over emulated links");
+                "(docs/SERVICE.md, \"Streaming decisions\") instead of streaming over emulated links");
   sub->add_option("--trace", a->traces,
                   "--simulate: a mahimahi link trace (repeatable; default: the shared traces beside the clone)");
   sub->add_option("--time-scale", a->time_scales,

@@ -112,7 +112,7 @@ const bool kRegistered = RegisterCommand(55, [](CLI::App& root) -> CommandRunner
   t->add_option("--group-tokens", a->train.tuning.group_tokens, "Prediction group size G of the delta tables (0 = default)");
   t->add_flag("--rotate,!--no-rotate", a->train.tuning.rotate, "Learn in the Hadamard-rotated domain (default off)");
   // Profiles default to the learned quantizer: at equal ΔPPL it takes ~10 %
-  // fewer bits on stories260K (docs/EVAL.md), for ~2-3x encode time.
+  // fewer bits on stories260K (docs/results/eval.md), for ~2-3x encode time.
   a->train.tuning.quantizer = CodecConfig::Quantizer::kLloyd;
   AddQuantizerOption(t, &a->train.tuning);
   return [prof, t, a]() -> std::optional<int> {

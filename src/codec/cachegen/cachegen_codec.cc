@@ -46,7 +46,7 @@ std::string KeyCodingName(bool rotate, const RopeConfig& rope) {
 // profile 0.18 on its own kind of text, 0.35 on markdown, 0.79 on random
 // characters; the random-weight test model with a profile from 128 tokens
 // 0.91. Its profile on synthetic KV of its shape: 1.66 and 2.83 in two of
-// four sections (V SNR -0.1 dB with the profile's statistics, docs/EVAL.md).
+// four sections (V SNR -0.1 dB with the profile's statistics, docs/results/eval.md).
 constexpr float kProfileMisfitOctaves = 1.5f;
 // Each quality level below the first targets this fraction of the previous
 // level's bits (bits mode), 6 dB less (SNR mode) or twice the error (max-error mode).
@@ -221,7 +221,7 @@ class CacheGenCodec final : public Codec {
     }
     SectionLayout layout = MakeLayout(s, p, chunk.token_start, chunk.context_tokens);
     // The learned quantizer is used on K sections only: on V sections of
-    // stories260K it lowered MSE at equal bits but raised KL (docs/EVAL.md).
+    // stories260K it lowered MSE at equal bits but raised KL (docs/results/eval.md).
     // Its rate term may pick a level other than the nearest, so a max-error
     // bound keeps the uniform quantizer.
     layout.lloyd = cfg.quantizer == CodecConfig::Quantizer::kLloyd && cfg.max_rel_error <= 0;

@@ -7,7 +7,7 @@
 // takes the shape of the keys' own covariance: a query in any direction sees
 // logit noise in proportion to its logits' spread across keys, where per-channel
 // coding of correlated channels swamps the directions in which keys vary little.
-// On stories260K that cut the mean KL at equal bits by 31-70 % (docs/EVAL.md).
+// On stories260K that cut the mean KL at equal bits by 31-70 % (docs/results/eval.md).
 // A profile may hold, per section, one orthonormal D x D matrix U per KV head
 // (row-major, U[r * D + c]): the codec codes y = U^T x (channel c of the
 // coding domain is component c) and decoders restore x = U y.

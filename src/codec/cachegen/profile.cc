@@ -35,7 +35,7 @@ constexpr size_t kTableBins = rans::kMaxAlphabet;
 // section step), within each head only, by a fraction f of the way in log:
 //   log s'_c = log s_c + f (t_c - mean of t over c's head),
 //   t_c = log(1 / sqrt(w_c)) - log s_c.
-// Measured on stories260K (docs/EVAL.md, 60 windows): without key transforms
+// Measured on stories260K (docs/results/eval.md, 60 windows): without key transforms
 // f = 1/2 beat the whole rule (f = 1) and moving heads' mean scales too (one
 // frame table serves a head's correlated channels, so spreading their
 // resolutions costs rate the rule does not see, and the section sensitivities

@@ -29,7 +29,7 @@ namespace {
 // one lane below 512 bytes moved ΔPPL = 1 % from 1.96 to ≈ 1.84 bits/value,
 // and 1024 (with channel classes, whose sensitive K sections take streams
 // beyond 512 bytes at 3 bits/value) moved mean KL = 1e-3 from ≈ 3.10 to ≈ 3.02
-// bits/value (docs/EVAL.md).
+// bits/value (docs/results/eval.md).
 // Frames without a profile keep 8 lanes everywhere: the CUDA decoder (which
 // takes no profiles) runs a stream's lanes on the threads of a warp, and one
 // lane made it 3-6x slower on short chunks (docs/GPU.md); the CPU's fused
@@ -190,7 +190,7 @@ Codebook SectionAnalysis::Learn(float step, bool use_delta, uint32_t sample_ever
   if (!layout_.lloyd) return cb;
   const uint32_t H = layout_.kv_heads;
   const uint32_t C = layout_.channels();
-  cb.group_channels = layout_.head_dim;  // one codebook per head (measured best, docs/EVAL.md)
+  cb.group_channels = layout_.head_dim;  // one codebook per head (measured best, docs/results/eval.md)
   cb.kinds = use_delta ? 2 : 1;
   cb.levels = kMaxCodebookLevels;
   const internal::ProfileData* prof = layout_.profile;

@@ -16,7 +16,7 @@
 // Profile::Train moves scales (so steps) towards ∝ 1/sqrt(w_c) within each head;
 // how much each section matters downstream is measured separately
 // (sensitivity.h). `cachegen profile train` weighs K sections only (V's weights
-// measured no gain; docs/EVAL.md).
+// measured no gain; docs/results/eval.md).
 #pragma once
 
 #include <cstdint>

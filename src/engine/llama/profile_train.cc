@@ -79,7 +79,7 @@ Result<ModelProfile> TrainModelProfile(const ModelProfileOptions& o) {
   std::vector<KVView> views;
   for (const KVTensor& t : kvs) views.push_back(t.view());
   out.contexts = static_cast<uint32_t>(views.size());
-  // K sections only: V weights measured no gain on stories260K (docs/EVAL.md).
+  // K sections only: V weights measured no gain on stories260K (docs/results/eval.md).
   ProfileTrainOptions train;
   train.key_transform = o.key_transform;
   train.key_channel_classes = o.channel_classes;

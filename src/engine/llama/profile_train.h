@@ -39,7 +39,7 @@ struct ModelProfileOptions {
   // from the model's attention and output matrix (unset: on for heads of at
   // least kValueCodingMinHeadDim dims: on docs6L, head dim 64, together they
   // cut the bits at q8_0's KL by 13 % and at q4_0's by 21 %; on stories260K,
-  // head dim 8, they cost 2 %: docs/EVAL.md), and tables per channel class.
+  // head dim 8, they cost 2 %: docs/results/eval.md), and tables per channel class.
   std::optional<bool> value_transform, value_channel_weights;
   bool value_channel_classes = false;
   double channel_weight_strength = 0;  // ProfileTrainOptions::channel_weight_strength (0: the measured default)
