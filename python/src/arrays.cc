@@ -1,5 +1,6 @@
 // KV tensors between numpy buffers and cachegen views, without copies.
 #include <limits>
+#include <optional>
 
 #include "bindings.h"
 
@@ -31,12 +32,13 @@ KVBuffer ViewOfBuffer(const py::buffer& buffer, const std::string& dtype, bool w
   if (info.ndim != 5 || info.shape[1] != 2)
     throw py::value_error("KV array must be [layers, 2, tokens, kv_heads, head_dim] (K then V), got " +
                           std::to_string(info.ndim) + " dimensions");
-  if (!dtype.empty()) Unwrap(ParseDType(dtype));  // a misspelt name is an error, not "from the buffer"
+  // A misspelt name is an error, not "from the buffer".
+  const std::optional<DType> requested = dtype.empty() ? std::nullopt : std::optional(Unwrap(ParseDType(dtype)));
   const std::optional<DType> dt = DTypeOfFormat(info.format, static_cast<size_t>(info.itemsize), dtype);
   if (!dt)
     throw py::value_error("KV array: element type '" + info.format +
                           "' is not float32 or float16 (bfloat16: a uint16/int16 array with dtype='bf16')");
-  if (!dtype.empty() && Unwrap(ParseDType(dtype)) != *dt)
+  if (requested && *requested != *dt)
     throw py::value_error("KV array holds " + std::string(DTypeName(*dt)) + ", not " + dtype);
   int64_t strides[5];
   for (int i = 0; i < 5; ++i) {
@@ -64,10 +66,6 @@ py::array NewKVArray(const KVShape& shape, DType dtype) {
       return py::array(py::dtype("uint16"), dims);
   }
   throw py::value_error("unknown dtype");
-}
-
-KVView ViewOfArray(py::array& array, const KVShape& shape, DType dtype) {
-  return KVView(array.mutable_data(), dtype, shape, ContiguousStrides(shape));
 }
 
 }  // namespace cachegen::python

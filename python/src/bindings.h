@@ -42,9 +42,8 @@ struct KVBuffer {
 KVBuffer ViewOfBuffer(const py::buffer& buffer, const std::string& dtype, bool writable);
 
 // A new C-contiguous numpy array for a KV tensor of `shape` and `dtype`
-// (bf16: uint16 storage), and the view that writes into it.
+// (bf16: uint16 storage).
 py::array NewKVArray(const KVShape& shape, DType dtype);
-KVView ViewOfArray(py::array& array, const KVShape& shape, DType dtype);
 
 // bytes -> span without a copy (the caller keeps the object alive).
 std::span<const uint8_t> BytesSpan(const py::bytes& bytes);

@@ -148,21 +148,19 @@ py::dict FrameInfoDict(const FrameInfo& f) {
   return d;
 }
 
-// A decode target: `out` (written in place, any strides) or a new array.
+// A decode target: `out` (written in place, any strides) or a new array;
+// `result` is what the decode returns.
 struct Target {
-  py::array array;  // the new array, when no `out`
+  py::object result;
   KVBuffer buffer;
-  KVView view;
 };
 Target DecodeTarget(const py::object& out, const KVShape& shape, const std::string& dtype, uint64_t input_bytes) {
-  Target t;
+  // bfloat16 arrays are 16-bit integers: dtype "bf16" says so.
+  const std::string hint = dtype == "bf16" ? "bf16" : "";
   if (!out.is_none()) {
-    // bfloat16 targets are 16-bit integer arrays: dtype "bf16" says so.
-    t.buffer = ViewOfBuffer(out.cast<py::buffer>(), dtype == "bf16" ? "bf16" : "", /*writable=*/true);
-    KVShape want = shape;
-    if (!(t.buffer.view.shape() == want))
-      throw py::value_error("out has shape " + t.buffer.view.shape().ToString() + ", the data " + want.ToString());
-    t.view = t.buffer.view;
+    Target t{out, ViewOfBuffer(out.cast<py::buffer>(), hint, /*writable=*/true)};
+    if (!(t.buffer.view.shape() == shape))
+      throw py::value_error("out has shape " + t.buffer.view.shape().ToString() + ", the data " + shape.ToString());
     return t;
   }
   const DType dt = Unwrap(ParseDType(dtype));
@@ -171,9 +169,9 @@ Target DecodeTarget(const py::object& out, const KVShape& shape, const std::stri
   if (shape.values() * DTypeSize(dt) > DecodeOutputLimit(input_bytes))
     throw py::value_error("the data claims " + shape.ToString() + ", more than " + std::to_string(input_bytes) +
                           " bytes can decode to");
-  t.array = NewKVArray(shape, dt);
-  t.view = ViewOfArray(t.array, shape, dt);
-  return t;
+  py::array array = NewKVArray(shape, dt);
+  KVBuffer buffer = ViewOfBuffer(array, hint, /*writable=*/true);
+  return Target{std::move(array), std::move(buffer)};
 }
 
 // Python's Decoder: keeps the container bytes and the profiles alive.
@@ -189,16 +187,16 @@ PyDecoder OpenDecoder(py::bytes data, std::shared_ptr<ProfileSet> profiles) {
   return d;
 }
 
-py::array DecodeWith(const PyDecoder& d, uint32_t level, const std::string& dtype, uint32_t threads,
-                     const py::object& out) {
+py::object DecodeWith(const PyDecoder& d, uint32_t level, const std::string& dtype, uint32_t threads,
+                      const py::object& out) {
   Target t = DecodeTarget(out, d.decoder->info().shape, dtype, BytesSpan(d.data).size());
   Status st;
   {
     py::gil_scoped_release release;
-    st = d.decoder->Decode(t.view, level, threads);
+    st = d.decoder->Decode(t.buffer.view, level, threads);
   }
   Check(st);
-  return out.is_none() ? t.array : out.cast<py::array>();
+  return t.result;
 }
 
 }  // namespace
@@ -273,10 +271,10 @@ void BindCodec(py::module_& m) {
         Status st;
         {
           py::gil_scoped_release release;
-          st = DecodeFrame(BytesSpan(frame), t.view, threads, profiles.get());
+          st = DecodeFrame(BytesSpan(frame), t.buffer.view, threads, profiles.get());
         }
         Check(st);
-        return out.is_none() ? t.array : out.cast<py::array>();
+        return t.result;
       },
       py::arg("frame"), py::arg("dtype") = "f16", py::arg("profiles") = nullptr, py::arg("threads") = 1,
       py::arg("out") = py::none());

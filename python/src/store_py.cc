@@ -122,8 +122,17 @@ void BindStore(py::module_& m) {
             return Unwrap(std::move(r));
           },
           py::arg("key"), py::arg("level"), "The stored frame's size without reading it")
-      .def("delete", [](ChunkStore& s, const ChunkKey& key, uint32_t level) { Check(s.Delete(key, level)); },
-           py::arg("key"), py::arg("level"))
+      .def(
+          "delete",
+          [](ChunkStore& s, const ChunkKey& key, uint32_t level) {
+            Status st;
+            {
+              py::gil_scoped_release release;
+              st = s.Delete(key, level);
+            }
+            Check(st);
+          },
+          py::arg("key"), py::arg("level"))
       .def_property_readonly("stats", [](const ChunkStore& s) { return StatsDict(s.stats()); })
       .def_property_readonly("uri", &ChunkStore::uri);
   m.def(
