@@ -4,9 +4,12 @@
 //
 // KV capture and injection go through llama.cpp's public sequence-state API
 // (llama_state_seq_get_data / _set_data), parsed and written by cachegen's own
-// code (docs/ENGINES.md): f32, f16 and bf16 caches, V transposed (flash
-// attention off) or not, one or several streams. Quantized cache types
-// (q8_0, q4_0...) can run as contexts but Capture/Inject return kUnsupported.
+// code (docs/ENGINES.md): f32, f16 and bf16 caches and llama.cpp's quantized
+// ones (q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl; converted by ggml's own block
+// routines), V transposed (flash attention off) or not, one or several
+// streams. A quantized cache is captured as f32 (its dequantized values, as
+// stored: Hadamard-rotated where llama.cpp rotates, see CacheRotated), and
+// what Capture gave Injects back to the same blocks.
 //
 // Not thread-safe: one context is used by one thread at a time.
 #pragma once
@@ -42,10 +45,17 @@ struct RopeParams {
 
 struct LlamaModelInfo;
 
-// The codec's RoPE setting for a model (CodecConfig::rope): its normal or NeoX
-// RoPE, or none (kind kNone) for models without RoPE or with another kind
-// (M-RoPE, vision...), whose keys are then coded as cached.
-RopeConfig CodecRope(const LlamaModelInfo& info);
+// Whether llama.cpp stores a cache of this type Hadamard-rotated for this
+// model: the pinned release rotates K and V of a quantized type when the
+// head dim is a multiple of 64 (unless LLAMA_ATTN_ROT_DISABLE is set).
+bool CacheRotated(const LlamaModelInfo& info, const std::string& cache_type);
+
+// The codec's RoPE setting for a model's keys in a K cache of type
+// cache_type_k (CodecConfig::rope): its normal or NeoX RoPE, or none (kind
+// kNone) for models without RoPE or with another kind (M-RoPE, vision...)
+// and for keys stored Hadamard-rotated (CacheRotated), whose values are not
+// RoPE-rotated pairs any more; those keys are coded as cached.
+RopeConfig CodecRope(const LlamaModelInfo& info, const std::string& cache_type_k = "f16");
 
 // True when positions[t] == first + t for every t: the codec's RoPE handling
 // assumes chunk token t sits at position token_start + t.
@@ -81,7 +91,9 @@ class LlamaModel {
 
 struct LlamaContextOptions {
   uint32_t n_ctx = 512;
-  std::string cache_type = "f16";  // f32, f16, bf16, q8_0, q4_0 (K and V)
+  // K and V cache types: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl.
+  // A quantized V needs flash attention (auto turns it on).
+  std::string cache_type_k = "f16", cache_type_v = "f16";
   int flash_attn = -1;             // -1 auto, 0 off (V transposed), 1 on
   uint32_t n_seq = 1;              // sequences
   bool unified = true;             // false: one stream per sequence
@@ -147,7 +159,7 @@ class LlamaContext : public EngineAdapter {
   std::shared_ptr<LlamaModel> model_;
   LlamaContextOptions options_;
   llama_context* ctx_ = nullptr;
-  int32_t cache_ggml_type_ = 1;
+  int32_t type_k_ = 1, type_v_ = 1;  // ggml type ids
   bool v_trans_ = false;
   uint32_t cell_ext_bytes_ = 0;
   // The query observer's state (llama.cpp's eval callback reaches it through `this`).

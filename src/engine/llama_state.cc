@@ -9,33 +9,29 @@
 namespace cachegen::engine {
 namespace {
 
-// Bytes per element of the unquantized types; 0 for others.
-size_t ElemBytes(int32_t type) {
-  switch (type) {
-    case kGgmlF32: return 4;
-    case kGgmlF16: return 2;
-    case kGgmlBF16: return 2;
-    default: return 0;
-  }
-}
+constexpr GgmlCacheType kCacheTypes[] = {
+    {kGgmlF32, "f32", 1, 4},       {kGgmlF16, "f16", 1, 2},       {kGgmlBF16, "bf16", 1, 2},
+    {kGgmlQ8_0, "q8_0", 32, 34},   {kGgmlQ4_0, "q4_0", 32, 18},   {kGgmlQ4_1, "q4_1", 32, 20},
+    {kGgmlQ5_0, "q5_0", 32, 22},   {kGgmlQ5_1, "q5_1", 32, 24},   {kGgmlIQ4_NL, "iq4_nl", 32, 18},
+};
 
-Status TypeOk(int32_t type, const char* what, uint32_t layer) {
-  if (ElemBytes(type) != 0) return Status::Ok();
-  if (type < 0 || type >= 64) {
-    return Status::Corrupt("llama state: " + std::string(what) + " of layer " + std::to_string(layer) +
-                           " has unknown ggml type " + std::to_string(type));
-  }
-  return Status::Unsupported("llama state: " + std::string(what) + " cache type " + GgmlTypeName(type) +
-                             " is quantized; only f32, f16 and bf16 caches are supported");
+// Bytes of `width` values of type t (width a multiple of its block).
+uint64_t RowBytes(const GgmlCacheType& t, uint64_t width) { return width / t.block * t.block_bytes; }
+
+Result<const GgmlCacheType*> TypeOf(int32_t type, const char* what, uint32_t layer) {
+  if (const GgmlCacheType* t = FindGgmlCacheType(type)) return t;
+  const std::string where = std::string(what) + " of layer " + std::to_string(layer);
+  if (type < 0 || type >= 64) return Status::Corrupt("llama state: " + where + " has unknown ggml type " + std::to_string(type));
+  return Status::Unsupported("llama state: " + where + " has ggml type " + std::to_string(type) +
+                             ", which is not a KV cache type");
 }
 
 // Checks a K or V row header (type and row bytes) of layer l against the
 // cells still to come; sets the row's width in values.
 Status CheckRow(const char* what, int32_t type, uint64_t row, uint32_t l, uint32_t cells, size_t remaining,
                 uint32_t* width) {
-  CG_RETURN_IF_ERROR(TypeOk(type, what, l));
-  const size_t eb = ElemBytes(type);
-  if (row == 0 || row % eb != 0 || row / eb > std::numeric_limits<uint32_t>::max()) {
+  CG_ASSIGN_OR_RETURN(const GgmlCacheType* t, TypeOf(type, what, l));
+  if (row == 0 || row % t->block_bytes != 0 || row / t->block_bytes * t->block > std::numeric_limits<uint32_t>::max()) {
     return Status::Corrupt("llama state: " + std::string(what) + " row of layer " + std::to_string(l) + " has " +
                            std::to_string(row) + " bytes");
   }
@@ -43,7 +39,7 @@ Status CheckRow(const char* what, int32_t type, uint64_t row, uint32_t l, uint32
     return Status::Corrupt("llama state: " + std::string(what) + " data of layer " + std::to_string(l) +
                            " out of bounds");
   }
-  *width = static_cast<uint32_t>(row / eb);
+  *width = static_cast<uint32_t>(row / t->block_bytes * t->block);
   return Status::Ok();
 }
 
@@ -104,8 +100,12 @@ Status ParseStream(ByteReader& r, uint32_t cells, uint32_t ext_bytes, LlamaStrea
       const uint32_t elem = r.U32();
       width = r.U32();
       if (!r.ok()) return Status::Corrupt("llama state: truncated V header");
-      CG_RETURN_IF_ERROR(TypeOk(type, "V", l));
-      if (elem != ElemBytes(type)) {
+      CG_ASSIGN_OR_RETURN(const GgmlCacheType* t, TypeOf(type, "V", l));
+      if (t->quantized()) {
+        return Status::Unsupported("llama state: transposed V of quantized type " + GgmlTypeName(type) +
+                                   " (llama.cpp needs flash attention for a quantized V cache)");
+      }
+      if (elem != t->block_bytes) {
         return Status::Corrupt("llama state: V element size " + std::to_string(elem) + " does not match type " +
                                GgmlTypeName(type));
       }
@@ -177,32 +177,113 @@ float LoadValue(const uint8_t* p, int32_t type) {
   return type == kGgmlF16 ? F16ToF32(h) : BF16ToF32(h);
 }
 
-// Whether row (layer, kv, token) of `v` is channels() contiguous elements of
-// ggml type `type`: then its bytes are copied as they are, no conversion.
-bool RawRows(const KVView& v, int32_t type) {
-  const KVShape& s = v.shape();
-  if (ElemBytes(type) != DTypeSize(v.dtype())) return false;
-  const bool same_type = (type == kGgmlF32 && v.dtype() == DType::kF32) ||
-                         (type == kGgmlF16 && v.dtype() == DType::kF16) ||
-                         (type == kGgmlBF16 && v.dtype() == DType::kBF16);
-  return same_type && v.strides().dim == 1 && (s.kv_heads == 1 || v.strides().head == int64_t{s.head_dim});
+// Reads and writes rows (one cell's `width` values) of one K or V tensor
+// in the blob: contiguous rows, or V transposed (value c of cell t at
+// c * cells + t). Quantized rows go through the quantizer.
+class RowCodec {
+ public:
+  RowCodec(const GgmlCacheType& type, const GgmlQuantizer* q, uint32_t width, uint32_t cells, bool transposed)
+      : type_(type), q_(q), width_(width), cells_(cells), transposed_(transposed) {}
+
+  uint64_t bytes() const { return RowBytes(type_, width_) * cells_; }
+
+  void Load(const uint8_t* data, uint32_t t, float* row) const {
+    if (transposed_) {
+      for (uint32_t c = 0; c < width_; ++c) row[c] = LoadValue(data + (size_t{c} * cells_ + t) * type_.block_bytes, type_.id);
+      return;
+    }
+    const uint8_t* p = data + t * RowBytes(type_, width_);
+    if (type_.quantized()) {
+      q_->Dequantize(type_.id, p, row, width_);
+      return;
+    }
+    for (uint32_t c = 0; c < width_; ++c) row[c] = LoadValue(p + size_t{c} * type_.block_bytes, type_.id);
+  }
+
+  void Store(uint8_t* data, uint32_t t, const float* row) const {
+    if (transposed_) {
+      for (uint32_t c = 0; c < width_; ++c) StoreValue(data + (size_t{c} * cells_ + t) * type_.block_bytes, type_.id, row[c]);
+      return;
+    }
+    uint8_t* p = data + t * RowBytes(type_, width_);
+    if (type_.quantized()) {
+      q_->Quantize(type_.id, row, p, width_);
+      return;
+    }
+    for (uint32_t c = 0; c < width_; ++c) StoreValue(p + size_t{c} * type_.block_bytes, type_.id, row[c]);
+  }
+
+  // Whether row t of `v` (layer, part) holds exactly the blob's bytes of
+  // cell t, so that it is copied as it is.
+  bool Raw(const KVView& v) const {
+    if (type_.quantized() || type_.block_bytes != DTypeSize(v.dtype())) return false;
+    const bool same_type = (type_.id == kGgmlF32 && v.dtype() == DType::kF32) ||
+                           (type_.id == kGgmlF16 && v.dtype() == DType::kF16) ||
+                           (type_.id == kGgmlBF16 && v.dtype() == DType::kBF16);
+    const KVShape& s = v.shape();
+    return same_type && v.strides().dim == 1 && (s.kv_heads == 1 || v.strides().head == int64_t{s.head_dim});
+  }
+
+  // Copies between the blob and a raw row of `v` (see Raw).
+  void CopyOut(const uint8_t* data, uint32_t t, uint8_t* dst) const {
+    const size_t eb = type_.block_bytes;
+    if (!transposed_) {
+      std::memcpy(dst, data + size_t{t} * width_ * eb, size_t{width_} * eb);
+      return;
+    }
+    for (uint32_t c = 0; c < width_; ++c) std::memcpy(dst + c * eb, data + (size_t{c} * cells_ + t) * eb, eb);
+  }
+  void CopyIn(uint8_t* data, uint32_t t, const uint8_t* src) const {
+    const size_t eb = type_.block_bytes;
+    if (!transposed_) {
+      std::memcpy(data + size_t{t} * width_ * eb, src, size_t{width_} * eb);
+      return;
+    }
+    for (uint32_t c = 0; c < width_; ++c) std::memcpy(data + (size_t{c} * cells_ + t) * eb, src + c * eb, eb);
+  }
+
+ private:
+  const GgmlCacheType& type_;
+  const GgmlQuantizer* q_;
+  uint32_t width_, cells_;
+  bool transposed_;
+};
+
+// Type `type` checked for a layout that writes it, or reads it back.
+Result<const GgmlCacheType*> UsableType(int32_t type, bool transposed, const GgmlQuantizer* q) {
+  const GgmlCacheType* t = FindGgmlCacheType(type);
+  if (!t) return Status::Unsupported("llama state: " + GgmlTypeName(type) + " is not a KV cache type");
+  if (t->quantized() && !q) {
+    return Status::Unsupported("llama state: cache type " + std::string(t->name) +
+                               " is quantized and needs ggml's quantizer (a build with llama.cpp)");
+  }
+  if (t->quantized() && transposed) {
+    return Status::Unsupported(std::string("llama state: a transposed V cannot be of quantized type ") + t->name);
+  }
+  return t;
 }
 
 }  // namespace
 
-std::string GgmlTypeName(int32_t type) {
-  switch (type) {
-    case kGgmlF32: return "f32";
-    case kGgmlF16: return "f16";
-    case kGgmlBF16: return "bf16";
-    case kGgmlQ8_0: return "q8_0";
-    case kGgmlQ4_0: return "q4_0";
-    case 3: return "q4_1";
-    case 6: return "q5_0";
-    case 7: return "q5_1";
-    case 20: return "iq4_nl";
-    default: return "type " + std::to_string(type);
+const GgmlCacheType* FindGgmlCacheType(int32_t type) {
+  for (const GgmlCacheType& t : kCacheTypes) {
+    if (t.id == type) return &t;
   }
+  return nullptr;
+}
+
+Result<int32_t> GgmlCacheTypeByName(const std::string& name) {
+  std::string names;
+  for (const GgmlCacheType& t : kCacheTypes) {
+    if (name == t.name) return t.id;
+    names += std::string(names.empty() ? "" : ", ") + t.name;
+  }
+  return Status::InvalidArgument("unknown llama.cpp cache type '" + name + "' (" + names + ")");
+}
+
+std::string GgmlTypeName(int32_t type) {
+  if (const GgmlCacheType* t = FindGgmlCacheType(type)) return t->name;
+  return "type " + std::to_string(type);
 }
 
 Result<DType> DTypeOfGgml(int32_t type) {
@@ -239,7 +320,8 @@ Result<LlamaSeqState> ParseLlamaSeqState(std::span<const uint8_t> blob, uint32_t
   return plain;  // report the error of the common layout
 }
 
-Result<KVTensor> ExtractLlamaKV(std::span<const uint8_t> blob, const LlamaSeqState& state, uint32_t kv_heads) {
+Result<KVTensor> ExtractLlamaKV(std::span<const uint8_t> blob, const LlamaSeqState& state, uint32_t kv_heads,
+                                const GgmlQuantizer* quantizer) {
   if (state.sections.size() != 1) {
     return Status::Unsupported("llama state: " + std::to_string(state.sections.size()) +
                                " cache sections (sliding-window models) are not supported");
@@ -251,27 +333,28 @@ Result<KVTensor> ExtractLlamaKV(std::span<const uint8_t> blob, const LlamaSeqSta
   }
   const LlamaStream& s = sec.streams[0];
   const uint32_t width = s.k_width[0];
+  std::vector<RowCodec> k_rows, v_rows;
+  bool same = true;  // one unquantized type for all of K and V
   for (uint32_t l = 0; l < s.layers; ++l) {
     if (s.k_width[l] != width || s.v_width[l] != width) {
       return Status::Unsupported("llama state: K/V widths differ across layers or between K and V (layer " +
                                  std::to_string(l) + ")");
     }
-    CG_RETURN_IF_ERROR(DTypeOfGgml(s.k_type[l]).status());
-    CG_RETURN_IF_ERROR(DTypeOfGgml(s.v_type[l]).status());
+    CG_ASSIGN_OR_RETURN(const GgmlCacheType* kt, UsableType(s.k_type[l], false, quantizer));
+    CG_ASSIGN_OR_RETURN(const GgmlCacheType* vt, UsableType(s.v_type[l], s.v_trans, quantizer));
+    k_rows.emplace_back(*kt, quantizer, width, s.cells, false);
+    v_rows.emplace_back(*vt, quantizer, width, s.cells, s.v_trans);
+    same = same && !kt->quantized() && kt->id == s.k_type[0] && vt->id == s.k_type[0];
   }
   if (kv_heads == 0 || width % kv_heads != 0) {
     return Status::InvalidArgument("llama state: " + std::to_string(kv_heads) + " KV heads do not divide width " +
                                    std::to_string(width));
   }
-  bool same = true;
-  for (uint32_t l = 0; l < s.layers; ++l) same = same && s.k_type[l] == s.k_type[0] && s.v_type[l] == s.k_type[0];
   const DType dtype = same ? *DTypeOfGgml(s.k_type[0]) : DType::kF32;
   // The state may come from another blob: its offsets must lie inside this one.
   for (uint32_t l = 0; l < s.layers; ++l) {
-    const uint64_t kbytes = uint64_t{s.cells} * width * ElemBytes(s.k_type[l]);
-    const uint64_t vbytes = uint64_t{s.cells} * width * ElemBytes(s.v_type[l]);
-    if (s.k_offset[l] > blob.size() || kbytes > blob.size() - s.k_offset[l] || s.v_offset[l] > blob.size() ||
-        vbytes > blob.size() - s.v_offset[l]) {
+    if (s.k_offset[l] > blob.size() || k_rows[l].bytes() > blob.size() - s.k_offset[l] ||
+        s.v_offset[l] > blob.size() || v_rows[l].bytes() > blob.size() - s.v_offset[l]) {
       return Status::InvalidArgument("llama state: the parsed state does not belong to this blob");
     }
   }
@@ -282,36 +365,18 @@ Result<KVTensor> ExtractLlamaKV(std::span<const uint8_t> blob, const LlamaSeqSta
   KVView view = out.view();
   std::vector<float> row(width);
   for (uint32_t l = 0; l < s.layers; ++l) {
-    const size_t kb = ElemBytes(s.k_type[l]);
-    const uint8_t* k = blob.data() + s.k_offset[l];
-    const bool raw_k = RawRows(view, s.k_type[l]);
-    for (uint32_t t = 0; t < s.cells; ++t) {
-      const uint8_t* p = k + size_t{t} * width * kb;
-      if (raw_k) {
-        std::memcpy(view.Pointer(l, KV::kKey, t, 0, 0), p, size_t{width} * kb);
-        continue;
-      }
-      for (uint32_t c = 0; c < width; ++c) row[c] = LoadValue(p + c * kb, s.k_type[l]);
-      view.WriteRow(l, KV::kKey, t, row.data());
-    }
-    const size_t vb = ElemBytes(s.v_type[l]);
-    const uint8_t* v = blob.data() + s.v_offset[l];
-    const bool raw_v = RawRows(view, s.v_type[l]);
-    for (uint32_t t = 0; t < s.cells; ++t) {
-      if (raw_v) {
-        auto* dst = static_cast<uint8_t*>(view.Pointer(l, KV::kValue, t, 0, 0));
-        if (!s.v_trans) {
-          std::memcpy(dst, v + size_t{t} * width * vb, size_t{width} * vb);
-        } else {
-          for (uint32_t c = 0; c < width; ++c) std::memcpy(dst + c * vb, v + (size_t{c} * s.cells + t) * vb, vb);
+    for (KV part : {KV::kKey, KV::kValue}) {
+      const RowCodec& rows = part == KV::kKey ? k_rows[l] : v_rows[l];
+      const uint8_t* data = blob.data() + (part == KV::kKey ? s.k_offset[l] : s.v_offset[l]);
+      const bool raw = rows.Raw(view);
+      for (uint32_t t = 0; t < s.cells; ++t) {
+        if (raw) {
+          rows.CopyOut(data, t, static_cast<uint8_t*>(view.Pointer(l, part, t, 0, 0)));
+          continue;
         }
-        continue;
+        rows.Load(data, t, row.data());
+        view.WriteRow(l, part, t, row.data());
       }
-      for (uint32_t c = 0; c < width; ++c) {
-        const size_t idx = s.v_trans ? size_t{c} * s.cells + t : size_t{t} * width + c;
-        row[c] = LoadValue(v + idx * vb, s.v_type[l]);
-      }
-      view.WriteRow(l, KV::kValue, t, row.data());
     }
   }
   return out;
@@ -344,13 +409,12 @@ Result<LlamaSeqLayout> LayoutOf(const LlamaSeqState& state) {
   return out;
 }
 
-Result<std::vector<uint8_t>> WriteLlamaSeqState(const LlamaSeqLayout& layout, const KVView& kv) {
+Result<std::vector<uint8_t>> WriteLlamaSeqState(const LlamaSeqLayout& layout, const KVView& kv,
+                                                const GgmlQuantizer* quantizer) {
   const KVShape& shape = kv.shape();
   CG_RETURN_IF_ERROR(shape.Validate());
-  if (ElemBytes(layout.k_type) == 0 || ElemBytes(layout.v_type) == 0) {
-    return Status::Unsupported("llama state: cannot write cache types " + GgmlTypeName(layout.k_type) + "/" +
-                               GgmlTypeName(layout.v_type) + " (only f32, f16, bf16)");
-  }
+  CG_ASSIGN_OR_RETURN(const GgmlCacheType* kt, UsableType(layout.k_type, false, quantizer));
+  CG_ASSIGN_OR_RETURN(const GgmlCacheType* vt, UsableType(layout.v_type, layout.v_trans, quantizer));
   if (layout.n_stream == 0 || layout.stream >= layout.n_stream) {
     return Status::InvalidArgument("llama state: stream index out of range");
   }
@@ -368,10 +432,14 @@ Result<std::vector<uint8_t>> WriteLlamaSeqState(const LlamaSeqLayout& layout, co
   const uint64_t width64 = shape.channels();
   if (width64 > std::numeric_limits<uint32_t>::max()) return Status::InvalidArgument("llama state: row too wide");
   const uint32_t width = static_cast<uint32_t>(width64);
-  const size_t kb = ElemBytes(layout.k_type), vb = ElemBytes(layout.v_type);
+  if (width % kt->block != 0 || width % vt->block != 0) {
+    return Status::InvalidArgument("llama state: rows of " + std::to_string(width) + " values are not whole blocks of " +
+                                   kt->name + "/" + vt->name);
+  }
+  const RowCodec k_rows(*kt, quantizer, width, cells, false), v_rows(*vt, quantizer, width, cells, layout.v_trans);
 
   std::vector<uint8_t> out;
-  out.reserve(64 + size_t{cells} * (12 + layout.cell_ext_bytes) + shape.values() / 2 * (kb + vb) +
+  out.reserve(64 + size_t{cells} * (12 + layout.cell_ext_bytes) + (k_rows.bytes() + v_rows.bytes()) * shape.layers +
               size_t{shape.layers} * 24);
   ByteWriter w(&out);
   w.U32(kLlamaSeqStateMagic);
@@ -399,49 +467,34 @@ Result<std::vector<uint8_t>> WriteLlamaSeqState(const LlamaSeqLayout& layout, co
     w.U32(layout.v_trans ? 1 : 0);
     w.U32(shape.layers);
     std::vector<float> row(width);
-    const bool raw_k = RawRows(kv, layout.k_type), raw_v = RawRows(kv, layout.v_type);
-    for (uint32_t l = 0; l < shape.layers; ++l) {
-      w.U32(static_cast<uint32_t>(layout.k_type));
-      w.U64(uint64_t{width} * kb);
+    // Appends one layer's K or V data after its header.
+    auto write_part = [&](uint32_t l, KV part, const RowCodec& rows) {
       const size_t at = out.size();
-      out.resize(at + size_t{cells} * width * kb);
+      out.resize(at + rows.bytes());
+      const bool raw = rows.Raw(kv);
       for (uint32_t t = 0; t < cells; ++t) {
-        uint8_t* p = out.data() + at + size_t{t} * width * kb;
-        if (raw_k) {
-          std::memcpy(p, kv.Pointer(l, KV::kKey, t, 0, 0), size_t{width} * kb);
+        if (raw) {
+          rows.CopyIn(out.data() + at, t, static_cast<const uint8_t*>(kv.Pointer(l, part, t, 0, 0)));
           continue;
         }
-        kv.ReadRow(l, KV::kKey, t, row.data());
-        for (uint32_t c = 0; c < width; ++c) StoreValue(p + c * kb, layout.k_type, row[c]);
+        kv.ReadRow(l, part, t, row.data());
+        rows.Store(out.data() + at, t, row.data());
       }
+    };
+    for (uint32_t l = 0; l < shape.layers; ++l) {
+      w.U32(static_cast<uint32_t>(layout.k_type));
+      w.U64(RowBytes(*kt, width));
+      write_part(l, KV::kKey, k_rows);
     }
     for (uint32_t l = 0; l < shape.layers; ++l) {
       w.U32(static_cast<uint32_t>(layout.v_type));
       if (layout.v_trans) {
-        w.U32(static_cast<uint32_t>(vb));
+        w.U32(vt->block_bytes);
         w.U32(width);
       } else {
-        w.U64(uint64_t{width} * vb);
+        w.U64(RowBytes(*vt, width));
       }
-      const size_t at = out.size();
-      out.resize(at + size_t{cells} * width * vb);
-      for (uint32_t t = 0; t < cells; ++t) {
-        if (raw_v) {
-          const auto* src = static_cast<const uint8_t*>(kv.Pointer(l, KV::kValue, t, 0, 0));
-          if (!layout.v_trans) {
-            std::memcpy(out.data() + at + size_t{t} * width * vb, src, size_t{width} * vb);
-          } else {
-            for (uint32_t c = 0; c < width; ++c)
-              std::memcpy(out.data() + at + (size_t{c} * cells + t) * vb, src + c * vb, vb);
-          }
-          continue;
-        }
-        kv.ReadRow(l, KV::kValue, t, row.data());
-        for (uint32_t c = 0; c < width; ++c) {
-          const size_t idx = layout.v_trans ? size_t{c} * cells + t : size_t{t} * width + c;
-          StoreValue(out.data() + at + idx * vb, layout.v_type, row[c]);
-        }
-      }
+      write_part(l, KV::kValue, v_rows);
     }
   }
   return out;

@@ -1,6 +1,8 @@
 // The llama.cpp sequence-state parser/writer on hand-made blobs (no llama.cpp needed).
 #include "engine/llama_state.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include <gtest/gtest.h>
@@ -164,22 +166,90 @@ TEST(LlamaStateTest, MixedKVTypesExtractAsF32) {
   EXPECT_TRUE(SameValues(out->view(), kv.view()));
 }
 
-TEST(LlamaStateTest, QuantizedTypesAreUnsupported) {
-  const KVTensor kv = Sample(KVShape{1, 1, 32, 2}, DType::kF16);
-  auto blob = HandMade(kv, false, 1, 0);
-  // Patch layer 0's K type to q8_0 (row bytes no longer mean f16, but the type is checked first).
-  const size_t k_type_at = 12 + 4 + 2 * 12 + 8;
-  uint32_t q8 = kGgmlQ8_0;
-  std::memcpy(blob.data() + k_type_at, &q8, 4);
-  auto st = ParseLlamaSeqState(blob, 0);
-  ASSERT_FALSE(st.ok());
-  EXPECT_EQ(st.status().code(), StatusCode::kUnsupported);
-  EXPECT_NE(st.status().message().find("q8_0"), std::string::npos) << st.status().message();
+// The block layout of q8_0 (f16 scale, 32 int8), done here so that this
+// test of the byte handling needs no ggml; ggml's own quantizers are tested
+// in llama_ggml_quantizer_test.
+class TestQ8Quantizer final : public GgmlQuantizer {
+ public:
+  void Dequantize(int32_t, const uint8_t* src, float* dst, size_t n) const override {
+    for (size_t b = 0; b < n / 32; ++b, src += 34) {
+      uint16_t h;
+      std::memcpy(&h, src, 2);
+      for (int j = 0; j < 32; ++j) dst[b * 32 + j] = F16ToF32(h) * static_cast<int8_t>(src[2 + j]);
+    }
+  }
+  void Quantize(int32_t, const float* src, uint8_t* dst, size_t n) const override {
+    for (size_t b = 0; b < n / 32; ++b, dst += 34) {
+      float amax = 0;
+      for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(src[b * 32 + j]));
+      const uint16_t h = F32ToF16(amax / 127);
+      std::memcpy(dst, &h, 2);
+      const float d = F16ToF32(h);
+      for (int j = 0; j < 32; ++j) dst[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(d ? std::lround(src[b * 32 + j] / d) : 0));
+    }
+  }
+};
+
+TEST(LlamaStateTest, QuantizedTypesGoThroughTheQuantizer) {
+  const KVTensor kv = Sample(KVShape{2, 2, 32, 3}, DType::kF32);
+  const TestQ8Quantizer q8;
   LlamaSeqLayout layout;
-  layout.k_type = kGgmlQ4_0;
-  auto w = WriteLlamaSeqState(layout, kv.view());
-  ASSERT_FALSE(w.ok());
-  EXPECT_EQ(w.status().code(), StatusCode::kUnsupported);
+  layout.k_type = layout.v_type = kGgmlQ8_0;
+  // Without a quantizer a quantized type is refused, naming it.
+  auto refused = WriteLlamaSeqState(layout, kv.view());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(refused.status().message().find("q8_0"), std::string::npos) << refused.status().message();
+
+  auto blob = WriteLlamaSeqState(layout, kv.view(), &q8);
+  ASSERT_TRUE(blob.ok()) << blob.status().ToString();
+  // magic, seq, n_stream, cells; 3 cells x 12; v_trans, layers; 2 x 2 x (header 12 + 3 rows x 2 blocks x 34)
+  EXPECT_EQ(blob->size(), 4 * 4 + 3 * 12 + 8 + 4 * (12 + 3 * 2 * 34));
+  auto st = ParseLlamaSeqState(*blob, 0);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(st->sections[0].streams[0].k_width[0], 64u);
+  auto missing = ExtractLlamaKV(*blob, *st, 2);
+  EXPECT_EQ(missing.status().code(), StatusCode::kUnsupported);
+  auto back = ExtractLlamaKV(*blob, *st, 2, &q8);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->dtype(), DType::kF32);
+  EXPECT_EQ(back->shape(), kv.shape());
+  const auto* x = reinterpret_cast<const float*>(kv.data());
+  const auto* y = reinterpret_cast<const float*>(back->data());
+  double err = 0, amax = 0;
+  for (size_t i = 0; i < kv.shape().values(); ++i) {
+    err = std::max(err, double(std::fabs(x[i] - y[i])));
+    amax = std::max(amax, double(std::fabs(x[i])));
+  }
+  EXPECT_GT(err, 0.0);
+  EXPECT_LE(err, amax / 127 * 0.51);  // half a step of the coarsest block
+  // Written again from what was read: the same bytes.
+  auto again = WriteLlamaSeqState(layout, back->view(), &q8);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, *blob);
+
+  // A quantized V cannot be transposed (llama.cpp needs flash attention for it).
+  LlamaSeqLayout transposed = layout;
+  transposed.v_trans = true;
+  EXPECT_EQ(WriteLlamaSeqState(transposed, kv.view(), &q8).status().code(), StatusCode::kUnsupported);
+  // Rows must be whole blocks.
+  const KVTensor narrow = Sample(KVShape{1, 1, 16, 2}, DType::kF32);
+  EXPECT_EQ(WriteLlamaSeqState(layout, narrow.view(), &q8).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(LlamaStateTest, TypesThatAreNoCacheTypeAreRefused) {
+  const KVTensor kv = Sample(KVShape{1, 1, 32, 2}, DType::kF16);
+  const size_t k_type_at = 12 + 4 + 2 * 12 + 8;  // layer 0's K type
+  for (uint32_t type : {12u, 99u}) {  // q3_K: a ggml type, not a cache type; 99: none
+    auto blob = HandMade(kv, false, 1, 0);
+    std::memcpy(blob.data() + k_type_at, &type, 4);
+    auto st = ParseLlamaSeqState(blob, 0);
+    ASSERT_FALSE(st.ok());
+    EXPECT_EQ(st.status().code(), type == 12 ? StatusCode::kUnsupported : StatusCode::kCorrupt) << st.status().message();
+  }
+  EXPECT_EQ(*GgmlCacheTypeByName("iq4_nl"), kGgmlIQ4_NL);
+  EXPECT_EQ(GgmlCacheTypeByName("q3_K").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(GgmlTypeName(kGgmlQ5_1), "q5_1");
 }
 
 TEST(LlamaStateTest, RejectsBadMagicTruncationAndTrailingBytes) {

@@ -1,5 +1,5 @@
 // make-model's random GGUF loads in llama.cpp with the shape asked for, and the
-// adapter handles it (head dim 64: quantized caches run, capture refuses them).
+// adapter handles it (head dim 64: every cache type, quantized ones included).
 // Needs no ../shared.
 #include "engine/llama/random_model.h"
 
@@ -12,6 +12,7 @@
 
 #include "cachegen/llama_engine.h"
 #include "random_model_fixture.h"
+#include "shared_data.h"
 
 namespace cachegen {
 namespace {
@@ -33,40 +34,89 @@ TEST_F(RandomModelTest, HasTheRequestedShape) {
   EXPECT_EQ((*model_)->Detokenize(*toks), " Once upon a time");
 }
 
-TEST_F(RandomModelTest, CaptureInjectIsBitExactAndQuantizedIsRefused) {
-  ASSERT_TRUE(model_);
-  std::vector<int32_t> toks = {1};
-  for (int i = 0; i < 40; ++i) toks.push_back(260 + (i * 7) % 100);
-  for (const char* type : {"f16", "q8_0"}) {
-    SCOPED_TRACE(type);
+// Capture, inject unchanged into a fresh context: the same values read back
+// and bit-identical next-token logits, for every cache type llama.cpp has
+// (head dim 64: the quantized ones are stored Hadamard-rotated), K and V of
+// one type with flash attention, and a quantized K with V f16 transposed.
+void ExpectRoundTripIsBitExact(const std::shared_ptr<LlamaModel>& model, const std::vector<int32_t>& toks) {
+  struct Case {
+    const char* k;
+    const char* v;
+    int flash_attn;
+  };
+  std::vector<Case> cases;
+  for (const char* t : {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"}) cases.push_back({t, t, 1});
+  cases.push_back({"q8_0", "f16", 0});
+  cases.push_back({"q4_0", "f16", 0});
+  const int32_t n = static_cast<int32_t>(toks.size()) - 1;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(testing::Message() << c.k << "/" << c.v << " flash_attn " << c.flash_attn);
     LlamaContextOptions o;
-    o.n_ctx = 64;
+    o.n_ctx = static_cast<uint32_t>(toks.size()) + 8;
     o.threads = 1;
-    o.cache_type = type;
-    o.flash_attn = 1;
-    auto src = LlamaContext::Create(*model_, o);
+    o.cache_type_k = c.k;
+    o.cache_type_v = c.v;
+    o.flash_attn = c.flash_attn;
+    auto src = LlamaContext::Create(model, o);
     ASSERT_TRUE(src.ok()) << src.status().ToString();
-    ASSERT_TRUE((*src)->Eval(std::span<const int32_t>(toks).first(toks.size() - 1), 0).ok());
+    ASSERT_TRUE((*src)->Eval(std::span<const int32_t>(toks).first(n), 0).ok());
     auto cap = (*src)->Capture(0);
-    if (std::string(type) == "q8_0") {
-      ASSERT_FALSE(cap.ok());
-      EXPECT_EQ(cap.status().code(), StatusCode::kUnsupported);
-      EXPECT_NE(cap.status().message().find("q8_0"), std::string::npos) << cap.status().message();
-      continue;
-    }
     ASSERT_TRUE(cap.ok()) << cap.status().ToString();
-    EXPECT_EQ(cap->kv.shape(), (KVShape{2, 2, 64, 40}));
+    const LlamaModelInfo& in = model->info();
+    EXPECT_EQ(cap->kv.shape(), (KVShape{in.layers, in.kv_heads, in.head_dim, static_cast<uint32_t>(n)}));
+    if (std::string(c.k) != c.v || std::string(c.k).starts_with("q") || std::string(c.k).starts_with("iq"))
+      EXPECT_EQ(cap->kv.dtype(), DType::kF32);  // dequantized values are not all f16 values
     const int32_t last = toks.back();
-    ASSERT_TRUE((*src)->Eval(std::span<const int32_t>(&last, 1), 40).ok());
-    auto want = (*src)->Logits(0);
-    auto dst = LlamaContext::Create(*model_, o);
+    ASSERT_TRUE((*src)->Eval(std::span<const int32_t>(&last, 1), n).ok());
+    const std::vector<float> want((*src)->Logits(0).begin(), (*src)->Logits(0).end());
+
+    auto dst = LlamaContext::Create(model, o);
     ASSERT_TRUE(dst.ok());
     ASSERT_TRUE((*dst)->Inject(0, cap->kv.view(), cap->positions).ok());
-    ASSERT_TRUE((*dst)->Eval(std::span<const int32_t>(&last, 1), 40).ok());
+    auto again = (*dst)->Capture(0);
+    ASSERT_TRUE(again.ok());
+    ASSERT_EQ(again->kv.size_bytes(), cap->kv.size_bytes());
+    EXPECT_EQ(std::memcmp(again->kv.data(), cap->kv.data(), cap->kv.size_bytes()), 0);
+    ASSERT_TRUE((*dst)->Eval(std::span<const int32_t>(&last, 1), n).ok());
     auto got = (*dst)->Logits(0);
     ASSERT_EQ(got.size(), want.size());
     EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size_bytes()), 0);
   }
+}
+
+TEST_F(RandomModelTest, EveryCacheTypeRoundTripsBitExact) {
+  ASSERT_TRUE(model_);
+  std::vector<int32_t> toks = {1};
+  for (int i = 0; i < 40; ++i) toks.push_back(260 + (i * 7) % 100);
+  ExpectRoundTripIsBitExact(*model_, toks);
+}
+
+// The same on docs6L (trained, 6 layers, head dim 64) where ../shared has it.
+TEST_F(RandomModelTest, EveryCacheTypeRoundTripsBitExactOnDocs6L) {
+  const std::string path = test_data::SharedPath("models/docs6L.gguf");
+  const std::string text = test_data::SharedPath("data/docs/dev.txt");
+  if (path.empty() || text.empty()) GTEST_SKIP() << "no ../shared/models/docs6L.gguf";
+  auto m = LlamaModel::Load(path);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  auto toks = (*m)->Tokenize(test_data::ReadTextFile(text).substr(0, 4000));
+  ASSERT_TRUE(toks.ok());
+  ASSERT_GT(toks->size(), 200u);
+  toks->resize(200);
+  ExpectRoundTripIsBitExact(*m, *toks);
+}
+
+// Whether a cache is stored rotated, and so whether the codec may undo RoPE on its keys.
+TEST_F(RandomModelTest, QuantizedCachesOfHeadDim64AreRotated) {
+  ASSERT_TRUE(model_);
+  const LlamaModelInfo& in = (*model_)->info();
+  EXPECT_FALSE(CacheRotated(in, "f16"));
+  EXPECT_TRUE(CacheRotated(in, "q8_0"));
+  EXPECT_TRUE(CacheRotated(in, "iq4_nl"));
+  EXPECT_NE(CodecRope(in, "f16").kind, RopeConfig::Kind::kNone);
+  EXPECT_EQ(CodecRope(in, "q4_0").kind, RopeConfig::Kind::kNone);
+  LlamaModelInfo narrow = in;
+  narrow.head_dim = 32;
+  EXPECT_FALSE(CacheRotated(narrow, "q8_0"));
 }
 
 // The abort flag ends an evaluation between layers and fails the next ones

@@ -19,6 +19,17 @@
 
 namespace cachegen::cli {
 
+std::vector<CLI::Option*> AddCacheTypeOptions(CLI::App* sub, CacheTypes* types, const std::string& what) {
+  const std::string names = "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl";
+  // CLI11 runs option callbacks in the order the options are added: -k and -v override.
+  return {sub->add_option_function<std::string>(
+      "--cache-type", [types](const std::string& t) { types->k = types->v = t; },
+      "llama.cpp K and V cache type of " + what + ": " + names + " (default f16; a quantized V turns flash attention on)"),
+          sub->add_option("--cache-type-k", types->k, "K cache type (overrides --cache-type)"),
+          sub->add_option("--cache-type-v", types->v, "V cache type (overrides --cache-type)")};
+}
+
+
 namespace {
 std::function<Result<ModelKeyFacts>(const std::string&)>& ModelReader() {
   static std::function<Result<ModelKeyFacts>(const std::string&)> reader;

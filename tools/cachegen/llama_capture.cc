@@ -20,7 +20,8 @@ namespace cachegen::cli {
 namespace {
 
 struct CaptureArgs {
-  std::string model, text, output, cache_type = "f16";
+  std::string model, text, output;
+  CacheTypes cache;
   uint32_t context = 768, window = 0, threads = 0;
 };
 
@@ -37,7 +38,8 @@ int RunCapture(CaptureArgs a) {
                                                     windows.size(), a.context, a.window)));
   LlamaContextOptions co;
   co.n_ctx = a.context + 8;
-  co.cache_type = a.cache_type;
+  co.cache_type_k = a.cache.k;
+  co.cache_type_v = a.cache.v;
   co.threads = a.threads;
   Result<std::unique_ptr<LlamaContext>> ctx = LlamaContext::Create(model, co);
   if (!ctx.ok()) return Fail(ctx.status());
@@ -45,7 +47,7 @@ int RunCapture(CaptureArgs a) {
   Result<CapturedKV> cap = (*ctx)->Capture(0);
   if (!cap.ok()) return Fail(cap.status());
   if (!PositionsFrom(cap->positions, 0)) return Fail(Status::Internal("captured positions are not 0..N-1"));
-  const RopeConfig rope = CodecRope(model->info());
+  const RopeConfig rope = CodecRope(model->info(), a.cache.k);
   KVMetadata meta = RopeMetadata(rope);
   meta["model"] = a.model.substr(a.model.find_last_of('/') + 1);
   meta["text"] = text_source;
@@ -73,7 +75,7 @@ const bool kRegistered = RegisterCommand(50, [](CLI::App& root) -> CommandRunner
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
   sub->add_option("--window", a->window, "Which window of the text (0 = the first document start)")->capture_default_str();
-  sub->add_option("--cache-type", a->cache_type, "llama.cpp cache type: f16, bf16, f32")->capture_default_str();
+  AddCacheTypeOptions(sub, &a->cache, "the context captured (a quantized cache is captured as its f32 values)");
   sub->add_option("--threads", a->threads, "llama.cpp threads (0: its default)")->capture_default_str();
   sub->add_option("-o,--output", a->output, "KV file: .safetensors (records the keys' RoPE), .npy or .kvraw")->required();
   return [sub, a] { return *sub ? std::optional<int>(RunCapture(*a)) : std::nullopt; };

@@ -59,17 +59,19 @@ Result<std::string> DefaultModelPath(const std::string& tool, std::string* note)
 }
 
 Result<engine::AutoProfile> AutoProfileFor(const std::string& tool, const std::string& model_path, uint32_t threads,
-                                           bool quiet) {
+                                           bool quiet, const CacheTypes& types) {
   engine::AutoProfileOptions o;
   o.model_path = model_path;
   o.threads = threads;
+  o.cache_type_k = types.k;
+  o.cache_type_v = types.v;
   if (!quiet) o.progress = [tool](const std::string& m) { std::fprintf(stderr, "cachegen %s: %s\n", tool.c_str(), m.c_str()); };
   return engine::AutoModelProfile(o);
 }
 
 Status UseServeDefaultCoding(const std::string& tool, const std::string& model_path, uint32_t threads, double best_kl,
-                             CodecConfig* codec, std::string* coding) {
-  CG_ASSIGN_OR_RETURN(engine::AutoProfile p, AutoProfileFor(tool, model_path, threads, false));
+                             CodecConfig* codec, std::string* coding, const CacheTypes& types) {
+  CG_ASSIGN_OR_RETURN(engine::AutoProfile p, AutoProfileFor(tool, model_path, threads, false, types));
   codec->levels = 4;  // llama-serve's
   codec->profile = p.profile;
   codec->quantizer = p.profile->quantizer().value_or(codec->quantizer);

@@ -9,6 +9,8 @@
 #include "cachegen/status.h"
 #include "engine/llama/auto_profile.h"
 
+#include "cachegen/cli.h"
+
 namespace cachegen::cli {
 
 inline constexpr const char* kSharedModel = "../shared/models/stories260K.gguf";
@@ -34,17 +36,17 @@ struct ModelAndText {
 };
 Result<ModelAndText> LoadModelAndText(const std::string& tool, const std::string& model, const std::string& text);
 
-// The model's automatic profile (engine::AutoModelProfile, in the default
-// cache folder), progress and where it came from on stderr prefixed by
-// "cachegen <tool>: " unless quiet.
+// The model's automatic profile for a cache of `types`
+// (engine::AutoModelProfile, in the default cache folder), progress and
+// where it came from on stderr prefixed by "cachegen <tool>: " unless quiet.
 Result<engine::AutoProfile> AutoProfileFor(const std::string& tool, const std::string& model_path, uint32_t threads,
-                                           bool quiet);
+                                           bool quiet, const CacheTypes& types = {});
 
 // What llama-serve codes chunks with when given no codec options: the
 // model's automatic profile (AutoProfileFor), 4 levels, the best at
 // `best_kl` (> 0) or engine::DefaultBestLevelKl. Sets `codec` and, when
 // given, `coding` to a line saying so.
 Status UseServeDefaultCoding(const std::string& tool, const std::string& model_path, uint32_t threads, double best_kl,
-                             CodecConfig* codec, std::string* coding = nullptr);
+                             CodecConfig* codec, std::string* coding = nullptr, const CacheTypes& types = {});
 
 }  // namespace cachegen::cli

@@ -72,6 +72,8 @@ int RunModelDemo(const ModelDemoArgs& args) {
   o.codecs = {"cachegen"};
   o.bits = {kDefaultBitsPerValue};
   o.windows = args.windows;
+  o.cache_type_k = args.cache.k;
+  o.cache_type_v = args.cache.v;
   o.greedy = 48;  // enough tokens for a sentence of a TinyStories model
   Result<engine::EvalReport> rep = engine::RunEval(o);
   if (!rep.ok()) return Fail(rep.status());
@@ -79,11 +81,12 @@ int RunModelDemo(const ModelDemoArgs& args) {
   const LlamaModelInfo& in = rep->info;
   std::printf(
       "cachegen demo: %s (%u layers, %u KV heads x %u dims), %u text windows\n"
-      "Each window's first %u tokens are prefilled exactly; their KV (llama.cpp f16 cache) is compressed with\n"
+      "Each window's first %u tokens are prefilled exactly; their KV (llama.cpp %s cache) is compressed with\n"
       "the default codec (cachegen, %.3g bits/value target, RoPE-aware keys), decoded, and injected into a fresh\n"
       "context, which then scores the next %u tokens and generates greedily.\n\n",
       std::filesystem::path(rep->model).filename().c_str(), in.layers, in.kv_heads, in.head_dim, rep->windows,
-      rep->context, kDefaultBitsPerValue, rep->continuation);
+      rep->context, (args.cache.k == args.cache.v ? args.cache.k : args.cache.k + "/" + args.cache.v).c_str(),
+      kDefaultBitsPerValue, rep->continuation);
   if (!note.empty()) std::printf("note: %s\n\n", note.c_str());
   PrintRow(*rep, r, "all side information included");
   if (!args.learn_profile && args.profile.empty()) return 0;
@@ -93,7 +96,7 @@ int RunModelDemo(const ModelDemoArgs& args) {
   if (given) {
     o.codec.profile = given;
   } else {
-    Result<engine::AutoProfile> p = AutoProfileFor("demo", o.model_path, 0, false);
+    Result<engine::AutoProfile> p = AutoProfileFor("demo", o.model_path, 0, false, args.cache);
     if (!p.ok()) {
       std::fprintf(stderr, "cachegen demo: no profile run: %s\n", p.status().message().c_str());
       return 0;

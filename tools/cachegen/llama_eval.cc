@@ -29,7 +29,7 @@ constexpr const char* kDefaultCodecs = "cachegen,cachegen-ref,fp16,q8,q4,kivi2,k
 struct EvalArgs {
   std::string model, text, codecs = kDefaultCodecs, bits = "1,1.5,2,3,4", max_kl;
   uint32_t context = 384, continuation = 128, windows = 16, greedy = 32, threads = 0, levels = 1;
-  std::string cache_type = "f16";
+  CacheTypes cache;
   int flash_attn = -1;
   bool json = false, quiet = false, rope = true;
   std::string plot, profile;
@@ -117,14 +117,15 @@ int RunEval(EvalArgs a) {
   o.windows = a.windows;
   o.levels = a.levels;
   o.greedy = a.greedy;
-  o.cache_type = a.cache_type;
+  o.cache_type_k = a.cache.k;
+  o.cache_type_v = a.cache.v;
   o.flash_attn = a.flash_attn;
   o.threads = a.threads;
   o.codec = a.tuning;
   o.rope = a.rope;
   std::string profile_source = "none (--profile none)";
   if (a.profile.empty()) {
-    Result<engine::AutoProfile> ap = AutoProfileFor("eval", a.model, a.threads, a.quiet);
+    Result<engine::AutoProfile> ap = AutoProfileFor("eval", a.model, a.threads, a.quiet, a.cache);
     if (!ap.ok()) return Fail(ap.status());
     o.codec.profile = ap->profile;
     if (!a.quantizer_given) o.codec.quantizer = ap->profile->quantizer().value_or(o.codec.quantizer);
@@ -154,7 +155,8 @@ int RunEval(EvalArgs a) {
     j["context"] = rep->context;
     j["continuation"] = rep->continuation;
     j["greedy"] = rep->greedy;
-    j["cache_type"] = a.cache_type;
+    j["cache_type_k"] = a.cache.k;
+    j["cache_type_v"] = a.cache.v;
     j["ppl_exact"] = Num(rep->ppl_exact);
     j["rows"] = nlohmann::json::array();
     for (const auto& r : rep->rows) {
@@ -215,7 +217,8 @@ const bool kRegistered = RegisterCommand(50, [](CLI::App& root) -> CommandRunner
                                          kSharedText + ")");
   sub->add_option("--codecs", a->codecs,
                   "Codecs: cachegen, cachegen-ref, fp16, "
-                  "fp16-zstd, q8, q4, kivi2, kivi4, llama-q8_0, llama-q4_0 (llama.cpp's own cache types)")
+                  "fp16-zstd, q8, q4, kivi2, kivi4, llama-TYPE (llama.cpp's own cache type TYPE: q8_0, q4_0, "
+                  "q4_1, q5_0, q5_1, iq4_nl)")
       ->capture_default_str();
   sub->add_option("--bits", a->bits, "Rates (bits/value) for cachegen")->capture_default_str();
   sub->add_option("--max-kl", a->max_kl,
@@ -234,8 +237,7 @@ const bool kRegistered = RegisterCommand(50, [](CLI::App& root) -> CommandRunner
       ->capture_default_str();
   sub->add_option("--greedy", a->greedy, "Greedy tokens compared with the exact-KV generation")
       ->capture_default_str();
-  sub->add_option("--cache-type", a->cache_type, "llama.cpp cache type of the exact context: f16, bf16, f32")
-      ->capture_default_str();
+  AddCacheTypeOptions(sub, &a->cache, "the exact context, which decoded KV is injected into");
   sub->add_option("--flash-attn", a->flash_attn, "-1 auto, 0 off, 1 on")->capture_default_str();
   sub->add_option("--threads", a->threads, "llama.cpp threads (0: 1 for tiny models, else up to 4)")
       ->capture_default_str();

@@ -331,6 +331,7 @@ int Main(int argc, char** argv) {
                      "No second run with a model profile (by default the model's automatic profile: learned once "
                      "from text the model writes itself, about 1.5 min on stories260K, then read from the cache)")
           ->excludes(demo_model_opts.back());
+  for (CLI::Option* o : AddCacheTypeOptions(demo, &demo_model.cache, "the model's context")) demo_synth_opt->excludes(o);
   for (CLI::Option* o : demo_model_opts) demo_synth_opt->excludes(o);
   demo_synth_opt->excludes(demo_no_profile);
 

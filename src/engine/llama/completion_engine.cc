@@ -108,6 +108,11 @@ Result<std::string> ModelFingerprint(const std::string& gguf_path, const LlamaMo
          std::to_string(info.head_dim) + ":" + hex;
 }
 
+std::string CacheTypesTag(const std::string& cache_type_k, const std::string& cache_type_v) {
+  if (cache_type_k == "f16" && cache_type_v == "f16") return "";
+  return ":kv=" + cache_type_k + "/" + cache_type_v;
+}
+
 Result<std::unique_ptr<LlamaCompletionEngine>> LlamaCompletionEngine::Create(std::shared_ptr<LlamaModel> model,
                                                                               ChunkStore* store,
                                                                               const LlamaServeOptions& options) {
@@ -120,10 +125,11 @@ Result<std::unique_ptr<LlamaCompletionEngine>> LlamaCompletionEngine::Create(std
   e->stream_client_ = std::make_unique<StreamClient>(store);
   e->options_ = options;
   if (options.rope_keys && options.codec.rope.kind == RopeConfig::Kind::kNone)
-    e->options_.codec.rope = CodecRope(e->model_->info());
+    e->options_.codec.rope = CodecRope(e->model_->info(), options.cache_type_k);
   LlamaContextOptions co;
   co.n_ctx = options.n_ctx;
-  co.cache_type = options.cache_type;
+  co.cache_type_k = options.cache_type_k;
+  co.cache_type_v = options.cache_type_v;
   co.threads = options.threads;
   co.threads_batch = options.threads_batch;
   co.n_seq = 2;  // sequence 0 holds the request, kScratchSeq stages injected chunks
@@ -162,7 +168,8 @@ Result<std::shared_ptr<const LlamaCompletionEngine::ChunkCoding>> LlamaCompletio
   c->encoder = std::make_unique<Encoder>(std::move(enc));
   if (codec.profile) CG_RETURN_IF_ERROR(CheckEncoderFitsModel(*c->encoder, info));
   c->profiles = std::make_shared<const ProfileSet>(codec.profile);
-  c->root = ChainRoot(o.model_fingerprint, CodecProfile(codec), codec.chunk_tokens);
+  c->root = ChainRoot(o.model_fingerprint + CacheTypesTag(o.cache_type_k, o.cache_type_v), CodecProfile(codec),
+                      codec.chunk_tokens);
   return std::shared_ptr<const ChunkCoding>(std::move(c));
 }
 

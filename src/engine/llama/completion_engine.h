@@ -41,7 +41,9 @@ struct LlamaServeOptions {
   std::string model_fingerprint;   // roots the chunk keys (ModelFingerprint); required with a store
   uint32_t slots = 1;
   uint32_t n_ctx = 4096;
-  std::string cache_type = "f16";
+  // llama.cpp K and V cache types (LlamaContextOptions); chunk keys name them
+  // unless both are f16 (CacheTypesTag).
+  std::string cache_type_k = "f16", cache_type_v = "f16";
   uint32_t threads = 0;            // llama.cpp threads per slot (0: its default)
   uint32_t threads_batch = 0;      // llama.cpp threads for prompt batches (0: as threads)
   // How new chunks are encoded (levels, rate, profile); chunk_tokens = chunk
@@ -176,5 +178,11 @@ class LlamaCompletionEngine final : public serve::CompletionEngine {
 // A model's fingerprint for chunk keys: its architecture, shape and a hash of
 // the GGUF file's bytes (weights included: chunks of different weights never mix).
 Result<std::string> ModelFingerprint(const std::string& gguf_path, const LlamaModelInfo& info);
+
+// What chunk keys and automatic profiles add to a model fingerprint for a
+// cache of these K/V types: "" for f16/f16 (so that keys of f16 caches stay
+// as they were), else ":kv=K/V". A chunk captured from a q4_0 cache holds
+// other values (quantized, maybe Hadamard-rotated) than one from f16.
+std::string CacheTypesTag(const std::string& cache_type_k, const std::string& cache_type_v);
 
 }  // namespace cachegen

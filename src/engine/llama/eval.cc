@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "cachegen/profile.h"
+#include "engine/llama_state.h"
 
 namespace cachegen::engine {
 namespace {
@@ -155,7 +156,11 @@ Result<EvalReport> RunEval(const EvalOptions& o) {
   std::vector<EvalSkip> skipped;
   const std::vector<std::string> names = CodecNames();
   for (const std::string& c : o.codecs) {
-    if (c == "llama-q8_0" || c == "llama-q4_0") {
+    if (c.starts_with("llama-")) {
+      const Result<int32_t> type = GgmlCacheTypeByName(c.substr(6));
+      if (!type.ok() || !FindGgmlCacheType(*type)->quantized()) {
+        return Status::InvalidArgument("unknown engine cache type '" + c + "' for eval (llama-q8_0, llama-q4_0, ...)");
+      }
       specs.push_back({c, "engine cache type", c.substr(6), {}});
       continue;
     }
@@ -165,7 +170,7 @@ Result<EvalReport> RunEval(const EvalOptions& o) {
     }
     CodecConfig cfg = o.codec;
     cfg.codec = codec;
-    cfg.rope = o.rope ? CodecRope(info) : RopeConfig{};
+    cfg.rope = o.rope ? CodecRope(info, o.cache_type_k) : RopeConfig{};
     cfg.threads = 1;
     cfg.bits_per_value = 0;
     if (codec == "cachegen") {
@@ -195,7 +200,8 @@ Result<EvalReport> RunEval(const EvalOptions& o) {
 
   LlamaContextOptions co;
   co.n_ctx = n_ctx;
-  co.cache_type = o.cache_type;
+  co.cache_type_k = o.cache_type_k;
+  co.cache_type_v = o.cache_type_v;
   co.flash_attn = o.flash_attn;
   co.threads = o.threads;
   CG_ASSIGN_OR_RETURN(auto ref, LlamaContext::Create(model, co));
@@ -206,7 +212,7 @@ Result<EvalReport> RunEval(const EvalOptions& o) {
   for (size_t i = 0; i < specs.size(); ++i) {
     if (!specs[i].engine_type.empty()) {
       LlamaContextOptions qo = co;
-      qo.cache_type = specs[i].engine_type;
+      qo.cache_type_k = qo.cache_type_v = specs[i].engine_type;
       qo.flash_attn = 1;  // llama.cpp needs flash attention for a quantized V cache
       auto q = LlamaContext::Create(model, qo);
       if (!q.ok()) {
@@ -268,7 +274,8 @@ Result<EvalReport> RunEval(const EvalOptions& o) {
         q.Clear();
         CG_RETURN_IF_ERROR(q.Eval(std::span<const int32_t>(w).first(N), 0));
         CG_RETURN_IF_ERROR(Score(q, w, N, M, G, &got));
-        acc[r].bits += sp.engine_type == "q8_0" ? 8.5 : 4.5;  // ggml block-32 layouts: 34 / 18 bytes per 32 values
+        const GgmlCacheType* t = FindGgmlCacheType(*GgmlCacheTypeByName(sp.engine_type));
+        acc[r].bits += 8.0 * t->block_bytes / t->block;  // q8_0: 34 bytes per 32 values, 8.5 bits
       } else {
         // The rows of one rate's levels follow each other (level 0 first)
         // and share one multi-level container: encoded once, at level 0.

@@ -7,9 +7,12 @@
 // tokens by teacher forcing (inputs tokens N..N+M-1, targets N+1..N+M), then
 // generate `greedy` tokens greedily from token N. The exact KV goes through the
 // same inject path and is the reference for ΔPPL, KL, top-1 and greedy match.
-// llama.cpp's own quantized cache types ("llama-q8_0", "llama-q4_0") run as
-// contexts of that type that prefill and score on their own (their context KV
-// is quantized while it is computed, as in the engine).
+// llama.cpp's own quantized cache types ("llama-q8_0", "llama-q4_0", any
+// quantized type of GgmlCacheTypeByName) run as contexts of that type that
+// prefill and score on their own (their context KV is quantized while it is
+// computed, as in the engine). With quantized cache types of its own, the
+// exact context's KV is its dequantized cache, and decoded KV goes back into
+// such a cache.
 #pragma once
 
 #include <cstdint>
@@ -27,7 +30,7 @@ namespace cachegen::engine {
 struct EvalOptions {
   std::string model_path;
   std::string text;  // the text itself; stories separated by lines "<|endoftext|>"
-  // Codec names (CodecNames()) and "llama-q8_0", "llama-q4_0".
+  // Codec names (CodecNames()) and "llama-TYPE" for llama.cpp's quantized cache types.
   std::vector<std::string> codecs;
   std::vector<double> bits;  // rates of the rate-controlled codec (cachegen)
   // cachegen: KL targets (CodecConfig::max_kl), a row each after the bits
@@ -41,7 +44,8 @@ struct EvalOptions {
   // (CodecRope); false codes keys as cached (post-RoPE).
   bool rope = true;
   uint32_t context = 384, continuation = 128, windows = 16, greedy = 32;
-  std::string cache_type = "f16";  // of the exact context: f16, bf16, f32
+  // The exact context's cache (LlamaContextOptions), which the KV is captured from and injected into.
+  std::string cache_type_k = "f16", cache_type_v = "f16";
   int flash_attn = -1;
   uint32_t threads = 0;
   CodecConfig codec;  // tuning for every codec (codec, bits_per_value and threads are set per row)

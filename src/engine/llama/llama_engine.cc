@@ -14,6 +14,7 @@
 #include <ggml.h>
 #include <llama.h>
 
+#include "engine/llama/ggml_quantizer.h"
 #include "engine/llama_state.h"
 
 #ifndef CACHEGEN_LLAMA_BACKEND_DIR
@@ -46,19 +47,23 @@ std::string Meta(const llama_model* m, const std::string& key) {
 }
 
 Result<ggml_type> CacheType(const std::string& name) {
-  if (name == "f16") return GGML_TYPE_F16;
-  if (name == "f32") return GGML_TYPE_F32;
-  if (name == "bf16") return GGML_TYPE_BF16;
-  if (name == "q8_0") return GGML_TYPE_Q8_0;
-  if (name == "q4_0") return GGML_TYPE_Q4_0;
-  return Status::InvalidArgument("unknown llama.cpp cache type '" + name + "' (f32, f16, bf16, q8_0, q4_0)");
+  CG_ASSIGN_OR_RETURN(int32_t id, engine::GgmlCacheTypeByName(name));
+  return static_cast<ggml_type>(id);
 }
 
 }  // namespace
 
-RopeConfig CodecRope(const LlamaModelInfo& info) {
+bool CacheRotated(const LlamaModelInfo& info, const std::string& cache_type) {
+  const auto id = engine::GgmlCacheTypeByName(cache_type);
+  if (!id.ok() || !engine::FindGgmlCacheType(*id)->quantized() || info.head_dim % 64 != 0) return false;
+  const char* off = std::getenv("LLAMA_ATTN_ROT_DISABLE");  // read by llama.cpp the same way
+  return !(off && std::atoi(off) != 0);
+}
+
+RopeConfig CodecRope(const LlamaModelInfo& info, const std::string& cache_type_k) {
   RopeConfig r;
   if (info.rope.kind != RopeParams::Kind::kNormal && info.rope.kind != RopeParams::Kind::kNeox) return r;
+  if (CacheRotated(info, cache_type_k)) return r;
   r.kind = info.rope.kind == RopeParams::Kind::kNeox ? RopeConfig::Kind::kNeox : RopeConfig::Kind::kNormal;
   r.dims = info.rope.dims;
   r.freq_base = info.rope.freq_base;
@@ -181,7 +186,8 @@ std::string LlamaModel::Detokenize(std::span<const int32_t> tokens) const {
 Result<std::unique_ptr<LlamaContext>> LlamaContext::Create(std::shared_ptr<LlamaModel> model,
                                                            const LlamaContextOptions& options) {
   if (!model) return Status::InvalidArgument("no model");
-  CG_ASSIGN_OR_RETURN(ggml_type type, CacheType(options.cache_type));
+  CG_ASSIGN_OR_RETURN(ggml_type type_k, CacheType(options.cache_type_k));
+  CG_ASSIGN_OR_RETURN(ggml_type type_v, CacheType(options.cache_type_v));
   if (options.n_seq == 0 || options.n_ctx == 0) return Status::InvalidArgument("n_ctx and n_seq must be > 0");
   llama_context_params cp = llama_context_default_params();
   cp.n_ctx = options.n_ctx;
@@ -194,7 +200,8 @@ Result<std::unique_ptr<LlamaContext>> LlamaContext::Create(std::shared_ptr<Llama
   const int32_t threads = static_cast<int32_t>(options.threads ? options.threads : auto_threads);
   cp.n_threads = threads;
   cp.n_threads_batch = options.threads_batch ? static_cast<int32_t>(options.threads_batch) : threads;
-  cp.type_k = cp.type_v = type;
+  cp.type_k = type_k;
+  cp.type_v = type_v;
   cp.flash_attn_type = options.flash_attn < 0   ? LLAMA_FLASH_ATTN_TYPE_AUTO
                        : options.flash_attn == 0 ? LLAMA_FLASH_ATTN_TYPE_DISABLED
                                                  : LLAMA_FLASH_ATTN_TYPE_ENABLED;
@@ -210,27 +217,29 @@ Result<std::unique_ptr<LlamaContext>> LlamaContext::Create(std::shared_ptr<Llama
   cp.abort_callback_data = out.get();
   llama_context* ctx = llama_init_from_model(model->raw(), cp);
   if (!ctx) {
-    return Status::InvalidArgument("llama.cpp could not create a context (cache " + options.cache_type +
-                                   ", flash attention " + std::to_string(options.flash_attn) + ")");
+    return Status::InvalidArgument("llama.cpp could not create a context (cache " + options.cache_type_k + "/" +
+                                   options.cache_type_v + ", flash attention " + std::to_string(options.flash_attn) +
+                                   "; block-32 types need a head dim that is a multiple of 32, a quantized V "
+                                   "flash attention)");
   }
   out->model_ = std::move(model);
   out->options_ = options;
   out->ctx_ = ctx;
-  out->cache_ggml_type_ = static_cast<int32_t>(type);
-  if (type == GGML_TYPE_F16 || type == GGML_TYPE_F32 || type == GGML_TYPE_BF16) {
+  out->type_k_ = static_cast<int32_t>(type_k);
+  out->type_v_ = static_cast<int32_t>(type_v);
+  {
     // Probe the state layout llama.cpp writes here (V transposed or not, per-cell
     // extension bytes): evaluate one token, parse its blob, clear.
     const int32_t tok = std::max(0, out->model_->info().bos);
     CG_RETURN_IF_ERROR(out->Eval(std::span<const int32_t>(&tok, 1), 0, 0, false));
     CG_ASSIGN_OR_RETURN(auto blob, out->StateBlob(0));
     CG_ASSIGN_OR_RETURN(auto st, engine::ParseLlamaSeqState(blob));
+    out->Clear();
     if (st.sections.size() != 1 || st.sections[0].streams.size() != 1) {
-      out->Clear();
       return out;  // sliding-window or other layouts: Capture reports kUnsupported
     }
     out->v_trans_ = st.sections[0].streams[0].v_trans;
     out->cell_ext_bytes_ = st.cell_ext_bytes;
-    out->Clear();
   }
   out->observing_ = static_cast<bool>(out->options_.query_observer);
   return out;
@@ -344,7 +353,8 @@ Result<CapturedKV> LlamaContext::Capture(int32_t seq) {
   size_t streams = 0;
   for (const auto& sec : st.sections) streams += sec.streams.size();
   if (streams == 0) return Status::NotFound("sequence " + std::to_string(seq) + " holds no tokens");
-  CG_ASSIGN_OR_RETURN(KVTensor kv, engine::ExtractLlamaKV(blob, st, model_->info().kv_heads));
+  CG_ASSIGN_OR_RETURN(KVTensor kv,
+                      engine::ExtractLlamaKV(blob, st, model_->info().kv_heads, &engine::LlamaGgmlQuantizer()));
   if (kv.shape().head_dim != model_->info().head_dim) {
     return Status::Unsupported("captured head dim " + std::to_string(kv.shape().head_dim) + " differs from the model's " +
                                std::to_string(model_->info().head_dim));
@@ -370,9 +380,10 @@ Status LlamaContext::Inject(int32_t seq, const KVView& kv, std::span<const int32
   layout.stream = options_.unified ? 0 : static_cast<uint32_t>(seq);
   layout.cell_ext_bytes = cell_ext_bytes_;
   layout.v_trans = v_trans_;
-  layout.k_type = layout.v_type = cache_ggml_type_;
+  layout.k_type = type_k_;
+  layout.v_type = type_v_;
   layout.pos.assign(positions.begin(), positions.end());
-  CG_ASSIGN_OR_RETURN(auto blob, engine::WriteLlamaSeqState(layout, kv));
+  CG_ASSIGN_OR_RETURN(auto blob, engine::WriteLlamaSeqState(layout, kv, &engine::LlamaGgmlQuantizer()));
   return SetStateBlob(seq, blob);
 }
 

@@ -31,6 +31,8 @@ struct SensitivityOptions {
   // sections' curves against the joint effect; rising, at most 16, may be empty.
   std::vector<double> joint_multipliers = {0.25, 1.0, 4.0, 16.0};
   uint32_t threads = 0;  // llama.cpp threads (0: its default)
+  // The cache the KV is captured from and injected into (LlamaContextOptions).
+  std::string cache_type_k = "f16", cache_type_v = "f16";
   std::function<void(const std::string&)> progress;  // may be empty
 };
 
