@@ -8,8 +8,8 @@
 // ones (q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl; converted by ggml's own block
 // routines), V transposed (flash attention off) or not, one or several
 // streams. A quantized cache is captured as f32 (its dequantized values, as
-// stored: Hadamard-rotated where llama.cpp rotates, see CacheRotated), and
-// what Capture gave Injects back to the same blocks.
+// stored: Hadamard-rotated where llama.cpp rotates, see CacheRotationOf,
+// unless model_basis), and what Capture gave Injects back to the same blocks.
 //
 // Not thread-safe: one context is used by one thread at a time.
 #pragma once
@@ -45,17 +45,23 @@ struct RopeParams {
 
 struct LlamaModelInfo;
 
-// Whether llama.cpp stores a cache of this type Hadamard-rotated for this
-// model: the pinned release rotates K and V of a quantized type when the
-// head dim is a multiple of 64 (unless LLAMA_ATTN_ROT_DISABLE is set).
-bool CacheRotated(const LlamaModelInfo& info, const std::string& cache_type);
+// The codec's RoPE setting for a model (CodecConfig::rope): its normal or NeoX
+// RoPE, or none (kind kNone) for models without RoPE or with another kind
+// (M-RoPE, vision...), whose keys are then coded as cached. For keys in the
+// model's basis: not for keys captured as a rotated cache stores them
+// (LlamaContextOptions::model_basis).
+RopeConfig CodecRope(const LlamaModelInfo& info);
 
-// The codec's RoPE setting for a model's keys in a K cache of type
-// cache_type_k (CodecConfig::rope): its normal or NeoX RoPE, or none (kind
-// kNone) for models without RoPE or with another kind (M-RoPE, vision...)
-// and for keys stored Hadamard-rotated (CacheRotated), whose values are not
-// RoPE-rotated pairs any more; those keys are coded as cached.
-RopeConfig CodecRope(const LlamaModelInfo& info, const std::string& cache_type_k = "f16");
+// The orthonormal Walsh-Hadamard rotation (Sylvester order, H = H^T,
+// H H = I) the pinned llama.cpp stores a quantized cache's K and V in when
+// the head dim is a multiple of 64 (unless LLAMA_ATTN_ROT_DISABLE is set):
+// each head's dims in blocks of k_block (the largest power of two dividing
+// the head dim) and v_block (64). 0: that part is stored as computed.
+struct CacheRotation {
+  uint32_t k_block = 0, v_block = 0;
+};
+CacheRotation CacheRotationOf(const LlamaModelInfo& info, const std::string& cache_type_k,
+                              const std::string& cache_type_v);
 
 // True when positions[t] == first + t for every t: the codec's RoPE handling
 // assumes chunk token t sits at position token_start + t.
@@ -95,6 +101,13 @@ struct LlamaContextOptions {
   // A quantized V needs flash attention (auto turns it on).
   std::string cache_type_k = "f16", cache_type_v = "f16";
   int flash_attn = -1;             // -1 auto, 0 off (V transposed), 1 on
+  // Capture and Inject in the model's basis: a cache stored rotated
+  // (CacheRotationOf) is rotated back on Capture and rotated again on Inject,
+  // so that keys are the model's post-RoPE keys and the codec's RoPE handling
+  // and a profile's channel weights apply as for an f16 cache (measured on
+  // docs6L with a q8_0 cache: docs/ENGINES.md). Off: the values as stored,
+  // and an unchanged round trip is bit-exact. No effect on other caches.
+  bool model_basis = false;
   uint32_t n_seq = 1;              // sequences
   bool unified = true;             // false: one stream per sequence
   uint32_t threads = 0;            // 0: 1 for models under 50M parameters, else min(4, hardware)
@@ -160,6 +173,7 @@ class LlamaContext : public EngineAdapter {
   LlamaContextOptions options_;
   llama_context* ctx_ = nullptr;
   int32_t type_k_ = 1, type_v_ = 1;  // ggml type ids
+  CacheRotation rotation_;           // undone on Capture, redone on Inject (model_basis)
   bool v_trans_ = false;
   uint32_t cell_ext_bytes_ = 0;
   // The query observer's state (llama.cpp's eval callback reaches it through `this`).

@@ -31,6 +31,10 @@ struct StoreStats {
   uint64_t evictions = 0;
   uint64_t bytes_written = 0;
   uint64_t bytes_read = 0;
+  // What the store holds now, where it keeps count (mem://; 0 elsewhere):
+  // stored bytes (frames and their record headers) and frames.
+  uint64_t held_bytes = 0;
+  uint64_t held_frames = 0;
 };
 
 class ChunkStore {
@@ -90,6 +94,15 @@ class ChunkStore {
 // command, default 2000) and pool (idle connections per server, default 8).
 // Unknown schemes, unknown parameters or malformed URIs are kInvalidArgument;
 // a Redis server or cluster that does not answer at open is kIOError.
+// A host-memory tier in front of `back`: an in-process LRU (mem://) of at
+// most `max_bytes` that reads go to first. A read it misses goes to `back`
+// and what comes back is kept; writes go to `back` and then the tier (a
+// failed write to `back` is returned, the tier keeps the frame all the same).
+// `back` may be null: memory only. stats() are the tier's (its hits, misses,
+// evictions and what it holds); the backing store's are its own. uri():
+// "mem://?max_bytes=N+<back's uri>".
+std::unique_ptr<ChunkStore> WithMemoryTier(std::unique_ptr<ChunkStore> back, uint64_t max_bytes);
+
 struct OpenStoreOptions {
   // file://: create the store's directory where it is missing. false (for
   // commands that only read): a missing directory is kNotFound, so that a

@@ -85,7 +85,13 @@ class MemStore final : public ChunkStore {
     return Status::Ok();
   }
 
-  StoreStats stats() const override { return stats_.Snapshot(); }
+  StoreStats stats() const override {
+    StoreStats s = stats_.Snapshot();
+    std::lock_guard lock(mu_);
+    s.held_bytes = used_;
+    s.held_frames = entries_.size();
+    return s;
+  }
   std::string uri() const override { return uri_; }
 
  private:
@@ -96,7 +102,7 @@ class MemStore final : public ChunkStore {
   };
   const std::string uri_;
   const uint64_t max_bytes_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::map<Addr, Entry> entries_;
   std::list<Addr> lru_;  // most recently used first
   uint64_t used_ = 0;    // record bytes held

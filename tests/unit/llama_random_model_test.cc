@@ -3,10 +3,13 @@
 // Needs no ../shared.
 #include "engine/llama/random_model.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 
 #include <gtest/gtest.h>
 
@@ -105,18 +108,68 @@ TEST_F(RandomModelTest, EveryCacheTypeRoundTripsBitExactOnDocs6L) {
   ExpectRoundTripIsBitExact(*m, *toks);
 }
 
-// Whether a cache is stored rotated, and so whether the codec may undo RoPE on its keys.
-TEST_F(RandomModelTest, QuantizedCachesOfHeadDim64AreRotated) {
+// Which caches llama.cpp stores rotated, and model_basis: a rotated cache's
+// KV captured in the model's basis is the f16 cache's up to quantization,
+// and injected back it gives the logits of the stored cache.
+TEST_F(RandomModelTest, ModelBasisUndoesTheCachesRotation) {
   ASSERT_TRUE(model_);
   const LlamaModelInfo& in = (*model_)->info();
-  EXPECT_FALSE(CacheRotated(in, "f16"));
-  EXPECT_TRUE(CacheRotated(in, "q8_0"));
-  EXPECT_TRUE(CacheRotated(in, "iq4_nl"));
-  EXPECT_NE(CodecRope(in, "f16").kind, RopeConfig::Kind::kNone);
-  EXPECT_EQ(CodecRope(in, "q4_0").kind, RopeConfig::Kind::kNone);
-  LlamaModelInfo narrow = in;
-  narrow.head_dim = 32;
-  EXPECT_FALSE(CacheRotated(narrow, "q8_0"));
+  EXPECT_EQ(CacheRotationOf(in, "f16", "f16").k_block, 0u);
+  EXPECT_EQ(CacheRotationOf(in, "q8_0", "f16").k_block, 64u);
+  EXPECT_EQ(CacheRotationOf(in, "q8_0", "f16").v_block, 0u);
+  EXPECT_EQ(CacheRotationOf(in, "f16", "iq4_nl").v_block, 64u);
+  LlamaModelInfo wide = in;
+  wide.head_dim = 128;
+  EXPECT_EQ(CacheRotationOf(wide, "q4_0", "q4_0").k_block, 128u);
+  EXPECT_EQ(CacheRotationOf(wide, "q4_0", "q4_0").v_block, 64u);
+  wide.head_dim = 96;
+  EXPECT_EQ(CacheRotationOf(wide, "q4_0", "q4_0").k_block, 0u);
+
+  std::vector<int32_t> toks = {1};
+  for (int i = 0; i < 40; ++i) toks.push_back(260 + (i * 11) % 100);
+  const int32_t n = static_cast<int32_t>(toks.size()) - 1, last = toks.back();
+  auto capture = [&](const char* type, bool model_basis) {
+    LlamaContextOptions o;
+    o.n_ctx = 64;
+    o.threads = 1;
+    o.cache_type_k = o.cache_type_v = type;
+    o.flash_attn = 1;
+    o.model_basis = model_basis;
+    auto c = LlamaContext::Create(*model_, o);
+    EXPECT_TRUE(c.ok());
+    EXPECT_TRUE((*c)->Eval(std::span<const int32_t>(toks).first(n), 0).ok());
+    auto cap = (*c)->Capture(0);
+    EXPECT_TRUE(cap.ok());
+    EXPECT_TRUE((*c)->Eval(std::span<const int32_t>(&last, 1), n).ok());
+    std::vector<float> logits((*c)->Logits(0).begin(), (*c)->Logits(0).end());
+    auto dst = LlamaContext::Create(*model_, o);
+    EXPECT_TRUE((*dst)->Inject(0, cap->kv.view(), cap->positions).ok());
+    EXPECT_TRUE((*dst)->Eval(std::span<const int32_t>(&last, 1), n).ok());
+    std::vector<float> again((*dst)->Logits(0).begin(), (*dst)->Logits(0).end());
+    return std::make_tuple(cap->kv.Converted(DType::kF32), logits, again);
+  };
+  // Relative squared distance of two captured tensors.
+  auto distance = [](const KVTensor& a, const KVTensor& b) {
+    const auto* x = reinterpret_cast<const float*>(a.data());
+    const auto* y = reinterpret_cast<const float*>(b.data());
+    double d = 0, e = 0;
+    for (size_t i = 0; i < a.shape().values(); ++i) {
+      d += double(x[i] - y[i]) * (x[i] - y[i]);
+      e += double(x[i]) * x[i];
+    }
+    return d / e;
+  };
+  const auto [f16, f16_logits, f16_again] = capture("f16", true);
+  const auto [stored, stored_logits, stored_again] = capture("q8_0", false);
+  const auto [model, model_logits, model_again] = capture("q8_0", true);
+  EXPECT_LT(distance(f16, model), 1e-3);   // q8_0's own error
+  EXPECT_GT(distance(f16, stored), 0.5);   // another basis altogether
+  EXPECT_EQ(stored_logits, stored_again);  // stored values: bit-exact
+  EXPECT_EQ(model_logits, stored_logits);  // the same cache either way
+  double worst = 0;                        // rotated back and forth: the logits of the stored cache, up to rounding
+  for (size_t i = 0; i < model_logits.size(); ++i)
+    worst = std::max(worst, double(std::fabs(model_again[i] - model_logits[i])));
+  EXPECT_LT(worst, 1e-3);
 }
 
 // The abort flag ends an evaluation between layers and fails the next ones

@@ -243,6 +243,40 @@ TEST_F(LlamaServeTest, LossyChunksLoadAndGenerate) {
   EXPECT_GT(second->timings.completion_tokens, 0u);
 }
 
+// A quantized, Hadamard-rotated engine cache (q8_0 on the random model's
+// head dim 64) behind a host-memory tier: chunks are stored under keys that
+// name the cache types, load from memory, and the metrics show the tier.
+TEST_F(LlamaServeTest, AQuantizedCacheStoresAndLoadsThroughAMemoryTier) {
+  ASSERT_TRUE(model_);
+  LlamaServeOptions o = Options("cachegen", 2);
+  o.cache_type_k = o.cache_type_v = "q8_0";
+  auto tier = WithMemoryTier(nullptr, 64ull << 20);
+  auto e = LlamaCompletionEngine::Create(*model_, tier.get(), o);
+  ASSERT_TRUE(e.ok()) << e.status().message();
+  auto engine = std::move(*e);
+  auto f16 = LlamaCompletionEngine::Create(*model_, tier.get(), Options("cachegen", 2));
+  ASSERT_TRUE(f16.ok());
+  EXPECT_NE((*f16)->chain_root(), engine->chain_root());  // other values, other keys
+  serve::CompletionRequest r = Request();
+  r.prompt.clear();
+  while (r.prompt.size() < 300) r.prompt += "the dog ran to the park. ";
+  auto first = engine->Complete(0, r, Ignore);
+  ASSERT_TRUE(first.ok()) << first.status().message();
+  engine->FlushStores();
+  auto second = engine->Complete(0, r, Ignore);
+  ASSERT_TRUE(second.ok()) << second.status().message();
+  auto tokens = engine->PromptTokens(r);
+  ASSERT_TRUE(tokens.ok());
+  const uint32_t cacheable = static_cast<uint32_t>((tokens->size() - 1) / 64) * 64;
+  EXPECT_GE(cacheable, 128u);
+  EXPECT_EQ(second->timings.cached_tokens, cacheable);
+  EXPECT_GT(second->timings.completion_tokens, 0u);
+  const std::string metrics = engine->MetricsText();
+  EXPECT_NE(metrics.find("cachegen_llama_store_hits_total "), std::string::npos) << metrics;
+  EXPECT_EQ(metrics.find("cachegen_llama_store_held_bytes 0\n"), std::string::npos) << metrics;
+  EXPECT_GT(tier->stats().hits, 0u);
+}
+
 // Chunks coded with a model profile load, and only under that profile: its
 // id is part of the chunk keys.
 TEST_F(LlamaServeTest, ChunksCodedWithAProfileLoadUnderThatProfileOnly) {

@@ -16,8 +16,19 @@
 #include "codec/cachegen/profile_cache.h"
 #include "kv/io.h"
 #include "kv/synthetic.h"
+#include "store/uri.h"
 
 namespace cachegen::cli {
+
+Result<uint64_t> ParseByteSize(const std::string& text, const std::string& what) {
+  // Through the store URI parser: one size syntax for the whole tool.
+  Result<store::StoreUri> uri = store::ParseStoreUri("mem://?size=" + text);
+  Result<uint64_t> size = uri.ok() ? uri->TakeSize("size", 0) : Result<uint64_t>(uri.status());
+  if (!size.ok() || text.empty()) {
+    return Status::InvalidArgument(what + ": '" + text + "' is not a size (bytes, or with K, M, G or T)");
+  }
+  return size;
+}
 
 std::vector<CLI::Option*> AddCacheTypeOptions(CLI::App* sub, CacheTypes* types, const std::string& what) {
   const std::string names = "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl";

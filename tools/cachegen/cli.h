@@ -21,6 +21,10 @@ class Validator;
 
 namespace cachegen::cli {
 
+// A byte size with an optional K, M, G or T suffix (powers of 1024), as
+// store URIs take them; kInvalidArgument naming `what` otherwise.
+Result<uint64_t> ParseByteSize(const std::string& text, const std::string& what);
+
 // A llama.cpp command's K and V cache types (LlamaContextOptions).
 struct CacheTypes {
   std::string k = "f16", v = "f16";

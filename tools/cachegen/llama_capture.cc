@@ -40,6 +40,7 @@ int RunCapture(CaptureArgs a) {
   co.n_ctx = a.context + 8;
   co.cache_type_k = a.cache.k;
   co.cache_type_v = a.cache.v;
+  co.model_basis = true;  // keys as the model computed them, whatever the cache stores
   co.threads = a.threads;
   Result<std::unique_ptr<LlamaContext>> ctx = LlamaContext::Create(model, co);
   if (!ctx.ok()) return Fail(ctx.status());
@@ -47,7 +48,7 @@ int RunCapture(CaptureArgs a) {
   Result<CapturedKV> cap = (*ctx)->Capture(0);
   if (!cap.ok()) return Fail(cap.status());
   if (!PositionsFrom(cap->positions, 0)) return Fail(Status::Internal("captured positions are not 0..N-1"));
-  const RopeConfig rope = CodecRope(model->info(), a.cache.k);
+  const RopeConfig rope = CodecRope(model->info());
   KVMetadata meta = RopeMetadata(rope);
   meta["model"] = a.model.substr(a.model.find_last_of('/') + 1);
   meta["text"] = text_source;
@@ -75,7 +76,8 @@ const bool kRegistered = RegisterCommand(50, [](CLI::App& root) -> CommandRunner
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
   sub->add_option("--window", a->window, "Which window of the text (0 = the first document start)")->capture_default_str();
-  AddCacheTypeOptions(sub, &a->cache, "the context captured (a quantized cache is captured as its f32 values)");
+  AddCacheTypeOptions(sub, &a->cache, "the context captured (a quantized cache is captured as its f32 values, "
+                                      "in the model's basis)");
   sub->add_option("--threads", a->threads, "llama.cpp threads (0: its default)")->capture_default_str();
   sub->add_option("-o,--output", a->output, "KV file: .safetensors (records the keys' RoPE), .npy or .kvraw")->required();
   return [sub, a] { return *sub ? std::optional<int>(RunCapture(*a)) : std::nullopt; };

@@ -29,6 +29,7 @@ namespace {
 struct LlamaServeArgs {
   std::string model, store_uri, cache_server, token_file, profile, listen = "127.0.0.1:8080";
   std::string api_key, api_key_file;  // the clients' bearer key (llama-server's flags)
+  std::string cache_ram;  // SIZE of the host-memory tier in front of the store; empty: none
   LlamaServeOptions engine;
   CacheTypes cache;  // copied into engine
   uint32_t queue = 16, max_tokens = 1024;
@@ -110,7 +111,7 @@ class ProfileLearner {
   std::thread thread_;
 };
 
-Result<std::unique_ptr<ChunkStore>> OpenCache(const LlamaServeArgs& a) {
+Result<std::unique_ptr<ChunkStore>> OpenBackingStore(const LlamaServeArgs& a) {
   if (!a.cache_server.empty()) {
     ClientOptions co;
     if (!a.token_file.empty()) {
@@ -118,7 +119,17 @@ Result<std::unique_ptr<ChunkStore>> OpenCache(const LlamaServeArgs& a) {
     }
     return ConnectService(a.cache_server, co);
   }
+  if (a.store_uri.empty()) return std::unique_ptr<ChunkStore>();  // --cache-ram alone
   return OpenStore(a.store_uri);
+}
+
+// The configured store, behind the --cache-ram tier when there is one.
+Result<std::unique_ptr<ChunkStore>> OpenCache(const LlamaServeArgs& a) {
+  CG_ASSIGN_OR_RETURN(std::unique_ptr<ChunkStore> back, OpenBackingStore(a));
+  if (a.cache_ram.empty()) return back;
+  CG_ASSIGN_OR_RETURN(const uint64_t bytes, ParseByteSize(a.cache_ram, "--cache-ram"));
+  if (bytes == 0) return Status::InvalidArgument("--cache-ram must be more than 0 bytes");
+  return WithMemoryTier(std::move(back), bytes);
 }
 
 int RunLlamaServe(LlamaServeArgs a) {
@@ -236,6 +247,9 @@ const bool kRegistered = RegisterCommand(50, [](CLI::App& root) -> CommandRunner
   st->excludes(cs);
   cs->excludes(st);
   sub->add_option("--token-file", a->token_file, "Bearer token for --cache-server writes");
+  sub->add_option("--cache-ram", a->cache_ram,
+                  "Host-memory tier of this size (e.g. 1G) in front of --store/--cache-server, or alone: an LRU of "
+                  "compressed chunk frames that loads go to first (what llama-server's --cache-ram keeps in f16)");
   sub->add_option("--listen", a->listen, "HOST:PORT")->capture_default_str();
   auto* key = sub->add_option("--api-key", a->api_key,
                               "Clients must send Authorization: Bearer KEY on every route but /healthz (401 otherwise)");
@@ -272,8 +286,8 @@ const bool kRegistered = RegisterCommand(50, [](CLI::App& root) -> CommandRunner
   sub->add_flag("!--no-rope", a->engine.rope_keys, "Store keys as cached (post-RoPE); default: RoPE undone before coding");
   return [sub, a]() -> std::optional<int> {
     if (!*sub) return std::nullopt;
-    if (a->store_uri.empty() && a->cache_server.empty())
-      return Fail(Status::InvalidArgument("llama-serve needs --store URI or --cache-server URL"));
+    if (a->store_uri.empty() && a->cache_server.empty() && a->cache_ram.empty())
+      return Fail(Status::InvalidArgument("llama-serve needs --store URI, --cache-server URL or --cache-ram SIZE"));
     return RunLlamaServe(*a);
   };
 });

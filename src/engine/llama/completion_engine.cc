@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include <fmt/format.h>
 #include <llama.h>
 #include <xxhash.h>
 
@@ -125,11 +126,12 @@ Result<std::unique_ptr<LlamaCompletionEngine>> LlamaCompletionEngine::Create(std
   e->stream_client_ = std::make_unique<StreamClient>(store);
   e->options_ = options;
   if (options.rope_keys && options.codec.rope.kind == RopeConfig::Kind::kNone)
-    e->options_.codec.rope = CodecRope(e->model_->info(), options.cache_type_k);
+    e->options_.codec.rope = CodecRope(e->model_->info());
   LlamaContextOptions co;
   co.n_ctx = options.n_ctx;
   co.cache_type_k = options.cache_type_k;
   co.cache_type_v = options.cache_type_v;
+  co.model_basis = true;  // chunks of a rotated cache are coded in the model's basis
   co.threads = options.threads;
   co.threads_batch = options.threads_batch;
   co.n_seq = 2;  // sequence 0 holds the request, kScratchSeq stages injected chunks
@@ -516,6 +518,23 @@ void LlamaCompletionEngine::FlushStores() {
   store_cv_.wait(lock, [&] { return store_queue_.empty() && !store_busy_; });
 }
 
+// The store's own counters (with --cache-ram: its host-memory tier's): reads
+// that hit and missed, and what it holds where it keeps count.
+std::string LlamaCompletionEngine::StoreMetricsText() const {
+  if (!store_) return "";
+  const StoreStats s = store_->stats();
+  std::string out;
+  auto add = [&out](const char* name, const char* type, uint64_t v) {
+    out += fmt::format("# TYPE cachegen_llama_store_{} {}\ncachegen_llama_store_{} {}\n", name, type, name, v);
+  };
+  add("hits_total", "counter", s.hits);
+  add("misses_total", "counter", s.misses);
+  add("evictions_total", "counter", s.evictions);
+  add("held_bytes", "gauge", s.held_bytes);
+  add("held_frames", "gauge", s.held_frames);
+  return out;
+}
+
 std::string LlamaCompletionEngine::MetricsText() const {
   const bool caching = Coding() != nullptr;
   std::lock_guard lock(store_mu_);
@@ -530,7 +549,7 @@ std::string LlamaCompletionEngine::MetricsText() const {
          "\n# TYPE cachegen_llama_fetch_errors_total counter\ncachegen_llama_fetch_errors_total " +
          std::to_string(fetch_errors_) +
          "\n# TYPE cachegen_llama_sections_unlike_profile_total counter\ncachegen_llama_sections_unlike_profile_total " +
-         std::to_string(sections_unlike_profile_) + "\n";
+         std::to_string(sections_unlike_profile_) + "\n" + StoreMetricsText();
 }
 
 }  // namespace cachegen

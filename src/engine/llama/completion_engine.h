@@ -120,6 +120,8 @@ class LlamaCompletionEngine final : public serve::CompletionEngine {
   double token_eval_ms() const { return token_eval_ms_; }
 
  private:
+  // The store's counters for MetricsText (with --cache-ram, its memory tier's).
+  std::string StoreMetricsText() const;
   LlamaCompletionEngine() = default;
   Status MeasurePrefillSpeed();
   Status MeasureTokenEval();

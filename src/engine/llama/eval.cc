@@ -170,7 +170,7 @@ Result<EvalReport> RunEval(const EvalOptions& o) {
     }
     CodecConfig cfg = o.codec;
     cfg.codec = codec;
-    cfg.rope = o.rope ? CodecRope(info, o.cache_type_k) : RopeConfig{};
+    cfg.rope = o.rope ? CodecRope(info) : RopeConfig{};
     cfg.threads = 1;
     cfg.bits_per_value = 0;
     if (codec == "cachegen") {
@@ -202,6 +202,7 @@ Result<EvalReport> RunEval(const EvalOptions& o) {
   co.n_ctx = n_ctx;
   co.cache_type_k = o.cache_type_k;
   co.cache_type_v = o.cache_type_v;
+  co.model_basis = true;  // a rotated cache's KV coded in the model's basis, as llama-serve codes it
   co.flash_attn = o.flash_attn;
   co.threads = o.threads;
   CG_ASSIGN_OR_RETURN(auto ref, LlamaContext::Create(model, co));

@@ -14,6 +14,7 @@
 #include <ggml.h>
 #include <llama.h>
 
+#include "engine/llama/cache_rotation.h"
 #include "engine/llama/ggml_quantizer.h"
 #include "engine/llama_state.h"
 
@@ -53,17 +54,9 @@ Result<ggml_type> CacheType(const std::string& name) {
 
 }  // namespace
 
-bool CacheRotated(const LlamaModelInfo& info, const std::string& cache_type) {
-  const auto id = engine::GgmlCacheTypeByName(cache_type);
-  if (!id.ok() || !engine::FindGgmlCacheType(*id)->quantized() || info.head_dim % 64 != 0) return false;
-  const char* off = std::getenv("LLAMA_ATTN_ROT_DISABLE");  // read by llama.cpp the same way
-  return !(off && std::atoi(off) != 0);
-}
-
-RopeConfig CodecRope(const LlamaModelInfo& info, const std::string& cache_type_k) {
+RopeConfig CodecRope(const LlamaModelInfo& info) {
   RopeConfig r;
   if (info.rope.kind != RopeParams::Kind::kNormal && info.rope.kind != RopeParams::Kind::kNeox) return r;
-  if (CacheRotated(info, cache_type_k)) return r;
   r.kind = info.rope.kind == RopeParams::Kind::kNeox ? RopeConfig::Kind::kNeox : RopeConfig::Kind::kNormal;
   r.dims = info.rope.dims;
   r.freq_base = info.rope.freq_base;
@@ -227,6 +220,8 @@ Result<std::unique_ptr<LlamaContext>> LlamaContext::Create(std::shared_ptr<Llama
   out->ctx_ = ctx;
   out->type_k_ = static_cast<int32_t>(type_k);
   out->type_v_ = static_cast<int32_t>(type_v);
+  if (options.model_basis)
+    out->rotation_ = CacheRotationOf(out->model_->info(), options.cache_type_k, options.cache_type_v);
   {
     // Probe the state layout llama.cpp writes here (V transposed or not, per-cell
     // extension bytes): evaluate one token, parse its blob, clear.
@@ -359,6 +354,11 @@ Result<CapturedKV> LlamaContext::Capture(int32_t seq) {
     return Status::Unsupported("captured head dim " + std::to_string(kv.shape().head_dim) + " differs from the model's " +
                                std::to_string(model_->info().head_dim));
   }
+  if (rotation_.k_block || rotation_.v_block) {
+    // Rotated values are not f16 values either: in f32, then back to the model's basis.
+    if (kv.dtype() != DType::kF32) kv = kv.Converted(DType::kF32);
+    engine::ApplyCacheRotation(rotation_, kv.view());
+  }
   return CapturedKV{std::move(kv), st.sections[0].streams[0].pos};
 }
 
@@ -383,7 +383,14 @@ Status LlamaContext::Inject(int32_t seq, const KVView& kv, std::span<const int32
   layout.k_type = type_k_;
   layout.v_type = type_v_;
   layout.pos.assign(positions.begin(), positions.end());
-  CG_ASSIGN_OR_RETURN(auto blob, engine::WriteLlamaSeqState(layout, kv, &engine::LlamaGgmlQuantizer()));
+  const bool rotate = rotation_.k_block || rotation_.v_block;
+  KVTensor rotated(rotate ? s : KVShape{}, DType::kF32);
+  if (rotate) {
+    CG_RETURN_IF_ERROR(CopyKV(kv, rotated.view()));
+    engine::ApplyCacheRotation(rotation_, rotated.view());
+  }
+  CG_ASSIGN_OR_RETURN(auto blob, engine::WriteLlamaSeqState(layout, rotate ? rotated.view() : kv,
+                                                            &engine::LlamaGgmlQuantizer()));
   return SetStateBlob(seq, blob);
 }
 

@@ -51,7 +51,7 @@ Result<ModelProfile> TrainModelProfile(const ModelProfileOptions& o) {
     return Status::InvalidArgument("the text has no window of " + std::to_string(o.context) + " tokens after the " +
                                    std::to_string(o.skip) + " skipped");
   CodecConfig cfg = o.tuning;
-  cfg.rope = o.rope ? CodecRope(model->info(), o.cache_type_k) : RopeConfig{};
+  cfg.rope = o.rope ? CodecRope(model->info()) : RopeConfig{};
   ModelProfile out;
   ChannelWeightAccumulator weights(model->info(), cfg.rope, WeightGrams(o, model->info(), &out.channel_weights));
   LlamaContextOptions co;
@@ -59,11 +59,7 @@ Result<ModelProfile> TrainModelProfile(const ModelProfileOptions& o) {
   co.threads = o.threads;
   co.cache_type_k = o.cache_type_k;
   co.cache_type_v = o.cache_type_v;
-  const bool keys_rotated = CacheRotated(model->info(), o.cache_type_k);
-  if (out.channel_weights && keys_rotated) {
-    Say(o, "profile: channel weights skipped (the K cache is stored Hadamard-rotated)");
-    out.channel_weights = false;
-  }
+  co.model_basis = true;
   if (out.channel_weights)
     co.query_observer = [&weights](uint32_t layer, int32_t pos0, std::span<const float> q) {
       weights.ObserveQueries(layer, pos0, q);
@@ -92,8 +88,7 @@ Result<ModelProfile> TrainModelProfile(const ModelProfileOptions& o) {
   train.key_channel_classes = o.channel_classes;
   const bool wide_heads = model->info().head_dim >= kValueCodingMinHeadDim;
   train.value_transform = o.value_transform.value_or(wide_heads);
-  const bool value_weights =
-      o.value_channel_weights.value_or(wide_heads) && !CacheRotated(model->info(), o.cache_type_v);
+  const bool value_weights = o.value_channel_weights.value_or(wide_heads);
   train.value_channel_classes = o.value_channel_classes;
   train.channel_weight_strength = o.channel_weight_strength;
   if (out.channel_weights) train.channel_weights = weights.weights();

@@ -45,11 +45,8 @@ struct ModelProfileOptions {
   double channel_weight_strength = 0;  // ProfileTrainOptions::channel_weight_strength (0: the measured default)
   std::vector<double> sensitivity_steps = SensitivityOptions().steps;
   CodecConfig tuning;  // the quantizer, group size and rotation the profile is learned for
-  // The llama.cpp cache the KV is captured from (LlamaContextOptions): a
-  // quantized cache's KV is its dequantized values, Hadamard-rotated where
-  // llama.cpp rotates them (CacheRotated); then RoPE is not undone and no
-  // channel weights are learned for the rotated part (the model's queries
-  // and output matrix see the channels unrotated).
+  // The llama.cpp cache the KV is captured from (LlamaContextOptions, in the
+  // model's basis): a quantized cache's KV is its dequantized values.
   std::string cache_type_k = "f16", cache_type_v = "f16";
   // One line per step and per part skipped (with the reason); may be empty.
   std::function<void(const std::string&)> progress;

@@ -112,6 +112,7 @@ Result<SensitivityReport> MeasureSensitivity(const std::shared_ptr<LlamaModel>& 
   co.threads = o.threads;
   co.cache_type_k = o.cache_type_k;
   co.cache_type_v = o.cache_type_v;
+  co.model_basis = true;  // as the codec codes it (profile_train)
   CG_ASSIGN_OR_RETURN(auto ctx, LlamaContext::Create(model, co));
   const bool lloyd = config.quantizer == CodecConfig::Quantizer::kLloyd;
 
