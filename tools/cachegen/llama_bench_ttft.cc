@@ -154,26 +154,10 @@ Result<std::unique_ptr<LlamaCompletionEngine>> MakeEngine(const std::shared_ptr<
 }
 
 Result<std::shared_ptr<LlamaModel>> LoadBenchModel(std::string* path, const std::string& weights) {
-  if (!path->empty()) return LlamaModel::Load(*path);
-  const std::string base = (std::filesystem::temp_directory_path() / "cachegen-llama-3.2-1b-random").string();
-  const std::string cached = base + (weights == "f16" ? "" : "-" + weights) + ".gguf";
-  if (!std::filesystem::exists(cached)) {
-    std::fprintf(stderr, "bench-ttft: writing a random-weight Llama-3.2-1B-shaped model (%s weights) to %s (once)\n",
-                 weights.c_str(), cached.c_str());
-    Result<engine::RandomModelShape> shape = engine::RandomModelPreset("llama-3.2-1b");
-    if (!shape.ok()) return shape.status();
-    const std::string tmp = cached + ".tmp";
-    Result<uint64_t> w = engine::WriteRandomModel(*shape, weights == "f16" ? tmp : tmp + ".f16");
-    if (w.ok() && weights != "f16") {
-      w = engine::QuantizeModel(tmp + ".f16", tmp, weights);
-      std::error_code ec;
-      std::filesystem::remove(tmp + ".f16", ec);
-    }
-    if (!w.ok()) return w.status();
-    std::filesystem::rename(tmp, cached);
+  if (path->empty()) {
+    CG_ASSIGN_OR_RETURN(*path, RandomLlama1BPath("bench-ttft", weights));
   }
-  *path = cached;
-  return LlamaModel::Load(cached);
+  return LlamaModel::Load(*path);
 }
 
 // One mode on one link: its engine over the shaped service.

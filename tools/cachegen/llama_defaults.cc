@@ -58,6 +58,25 @@ Result<std::string> DefaultModelPath(const std::string& tool, std::string* note)
   return path;
 }
 
+Result<std::string> RandomLlama1BPath(const std::string& tool, const std::string& weights) {
+  const std::string base = (std::filesystem::temp_directory_path() / "cachegen-llama-3.2-1b-random").string();
+  const std::string cached = base + (weights == "f16" ? "" : "-" + weights) + ".gguf";
+  if (std::filesystem::exists(cached)) return cached;
+  std::fprintf(stderr, "%s: writing a random-weight Llama-3.2-1B-shaped model (%s weights) to %s (once)\n",
+               tool.c_str(), weights.c_str(), cached.c_str());
+  CG_ASSIGN_OR_RETURN(engine::RandomModelShape shape, engine::RandomModelPreset("llama-3.2-1b"));
+  const std::string tmp = cached + ".tmp";
+  Result<uint64_t> w = engine::WriteRandomModel(shape, weights == "f16" ? tmp : tmp + ".f16");
+  if (w.ok() && weights != "f16") {
+    w = engine::QuantizeModel(tmp + ".f16", tmp, weights);
+    std::error_code ec;
+    std::filesystem::remove(tmp + ".f16", ec);
+  }
+  if (!w.ok()) return w.status();
+  std::filesystem::rename(tmp, cached);
+  return cached;
+}
+
 Result<engine::AutoProfile> AutoProfileFor(const std::string& tool, const std::string& model_path, uint32_t threads,
                                            bool quiet, const CacheTypes& types) {
   engine::AutoProfileOptions o;

@@ -22,6 +22,14 @@ inline constexpr const char* kSharedText = "../shared/data/tinystories/dev.txt";
 // and the same line goes to stderr prefixed by "cachegen <tool>: ".
 Result<std::string> DefaultModelPath(const std::string& tool, std::string* note = nullptr);
 
+// docs6L and its domain's text (../shared): production-shaped heads (dim 64).
+inline constexpr const char* kDocsModel = "../shared/models/docs6L.gguf";
+inline constexpr const char* kDocsText = "../shared/data/docs/dev.txt";
+
+// A random-weight Llama-3.2-1B-shaped model with `weights` (f16, q8_0, q4_0,
+// q4_k_m), written once to the temp directory (said on stderr as "<tool>: ...").
+Result<std::string> RandomLlama1BPath(const std::string& tool, const std::string& weights = "f16");
+
 // The text of `path`; with none, kSharedText's when it exists, else a
 // built-in story repeated to about 40 KB (said on stderr as for the model).
 // `source`, when given, receives the file read or "built-in".
