@@ -82,7 +82,8 @@ std::vector<uint8_t> WriteLlamaSlotFile(std::span<const int32_t> tokens, std::sp
 }
 
 Result<std::vector<uint8_t>> CompressSlotFile(std::span<const uint8_t> slot_file, const CodecConfig& config,
-                                              uint32_t kv_heads, EncodeStats* stats) {
+                                              uint32_t kv_heads, EncodeStats* stats,
+                                              const GgmlQuantizer* quantizer) {
   Result<LlamaSlotFile> slot = ParseLlamaSlotFile(slot_file);
   if (!slot.ok()) return slot.status();
   // A slot file's state lacks the (magic, seq_id) head that the in-memory
@@ -100,7 +101,7 @@ Result<std::vector<uint8_t>> CompressSlotFile(std::span<const uint8_t> slot_file
   if (state->sections.empty() || state->sections[0].streams.empty())
     return Status::InvalidArgument("slot file holds no KV cells");
   const uint32_t width = state->sections[0].streams[0].k_width[0];
-  Result<KVTensor> kv = ExtractLlamaKV(blob, *state, kv_heads ? kv_heads : PickKVHeads(width));
+  Result<KVTensor> kv = ExtractLlamaKV(blob, *state, kv_heads ? kv_heads : PickKVHeads(width), quantizer);
   if (!kv.ok()) return kv.status();
   // The codec's RoPE handling puts token t at position t: other cell
   // positions (a shifted or pruned cache) are coded as they are.
@@ -127,7 +128,7 @@ Result<std::vector<uint8_t>> CompressSlotFile(std::span<const uint8_t> slot_file
 }
 
 Result<std::vector<uint8_t>> RestoreSlotFile(std::span<const uint8_t> cgslot, uint32_t level, uint32_t threads,
-                                             const ProfileSet* profiles) {
+                                             const ProfileSet* profiles, const GgmlQuantizer* quantizer) {
   ByteReader r(cgslot);
   const uint32_t magic = r.U32(), version = r.U32(), n = r.U32();
   if (!r.ok() || magic != kCgSlotMagic) return Status::Corrupt("not a .cgslot file (magic)");
@@ -151,7 +152,7 @@ Result<std::vector<uint8_t>> RestoreSlotFile(std::span<const uint8_t> cgslot, ui
     return Status::Corrupt("cgslot: container tokens differ from the cell count");
   Result<KVTensor> kv = dec->Decode(dec->info().dtype, level, threads);
   if (!kv.ok()) return kv.status();
-  Result<std::vector<uint8_t>> state = WriteLlamaSeqState(*layout, kv->view());
+  Result<std::vector<uint8_t>> state = WriteLlamaSeqState(*layout, kv->view(), quantizer);
   if (!state.ok()) return state.status();
   return WriteLlamaSlotFile(tokens, std::span<const uint8_t>(*state).subspan(kBlobHeadBytes));
 }

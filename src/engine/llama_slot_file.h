@@ -38,12 +38,17 @@ Result<LlamaSlotFile> ParseLlamaSlotFile(std::span<const uint8_t> bytes);
 std::vector<uint8_t> WriteLlamaSlotFile(std::span<const int32_t> tokens, std::span<const uint8_t> state);
 
 // Compresses a slot file with `config`. kv_heads: heads per layer to split
-// each row into; 0 picks head_dim 128, else 64, else the whole row.
+// each row into; 0 picks head_dim 128, else 64, else the whole row. A slot
+// of a quantized cache needs `quantizer` (ExtractLlamaKV; its values are
+// coded as the cache stores them, Hadamard-rotated where llama.cpp rotates).
 Result<std::vector<uint8_t>> CompressSlotFile(std::span<const uint8_t> slot_file, const CodecConfig& config,
-                                              uint32_t kv_heads, EncodeStats* stats = nullptr);
+                                              uint32_t kv_heads, EncodeStats* stats = nullptr,
+                                              const GgmlQuantizer* quantizer = nullptr);
 // Rebuilds the slot file from a .cgslot, decoding the KV at `level`; a
-// .cgslot coded with a model profile needs it in `profiles`.
+// .cgslot coded with a model profile needs it in `profiles`, one of a
+// quantized cache `quantizer`.
 Result<std::vector<uint8_t>> RestoreSlotFile(std::span<const uint8_t> cgslot, uint32_t level = 0,
-                                             uint32_t threads = 0, const ProfileSet* profiles = nullptr);
+                                             uint32_t threads = 0, const ProfileSet* profiles = nullptr,
+                                             const GgmlQuantizer* quantizer = nullptr);
 
 }  // namespace cachegen::engine

@@ -9,6 +9,7 @@
 #include <llama.h>
 
 #include "cachegen/llama_engine.h"
+#include "engine/llama/ggml_quantizer.h"
 #include "kv/io.h"
 #include "random_model_fixture.h"
 
@@ -99,6 +100,49 @@ TEST_F(SlotFileTest, CompressedSlotLoadsIntoLlamaCppAndPredictsAlike) {
   EXPECT_EQ(std::max_element(approx.begin(), approx.end()) - approx.begin(),
             std::max_element(exact.begin(), exact.end()) - exact.begin());
   }
+}
+
+// A slot of a q8_0 cache (the random model: head dim 64) compresses with
+// ggml's quantizer and not without; restored, it loads into llama.cpp and
+// predicts the same next token.
+TEST_F(SlotFileTest, SlotsOfAQuantizedCacheNeedTheQuantizer) {
+  ASSERT_TRUE(model_);
+  LlamaContextOptions o;
+  o.n_ctx = 256;
+  o.cache_type_k = o.cache_type_v = "q8_0";
+  o.flash_attn = 1;
+  auto ctx = LlamaContext::Create(*model_, o);
+  ASSERT_TRUE(ctx.ok()) << ctx.status().message();
+  std::vector<int32_t> toks = {1};
+  for (int i = 0; i < 150; ++i) toks.push_back(260 + (i * 7) % 100);
+  ASSERT_TRUE((*ctx)->Eval(toks, 0).ok());
+  ASSERT_GT(llama_state_seq_save_file((*ctx)->raw(), slot_path_.c_str(), 0, toks.data(), toks.size()), 0u);
+  auto slot = ReadFileBytes(slot_path_);
+  ASSERT_TRUE(slot.ok());
+  const int32_t next = 300;
+  ASSERT_TRUE((*ctx)->Eval(std::span<const int32_t>(&next, 1), static_cast<int32_t>(toks.size())).ok());
+  std::vector<float> exact((*ctx)->Logits(0).begin(), (*ctx)->Logits(0).end());
+
+  CodecConfig cfg;
+  cfg.chunk_tokens = 64;
+  EXPECT_EQ(CompressSlotFile(*slot, cfg, 0).status().code(), StatusCode::kUnsupported);
+  auto packed = CompressSlotFile(*slot, cfg, 0, nullptr, &LlamaGgmlQuantizer());
+  ASSERT_TRUE(packed.ok()) << packed.status().message();
+  EXPECT_LT(packed->size(), slot->size() / 2);
+  EXPECT_EQ(RestoreSlotFile(*packed).status().code(), StatusCode::kUnsupported);
+  auto restored = RestoreSlotFile(*packed, 0, 0, nullptr, &LlamaGgmlQuantizer());
+  ASSERT_TRUE(restored.ok()) << restored.status().message();
+  ASSERT_TRUE(WriteFileBytes(slot_path_, *restored).ok());
+  auto dst = LlamaContext::Create(*model_, o);
+  ASSERT_TRUE(dst.ok());
+  std::vector<int32_t> loaded(toks.size());
+  size_t n = 0;
+  ASSERT_GT(llama_state_seq_load_file((*dst)->raw(), slot_path_.c_str(), 0, loaded.data(), loaded.size(), &n), 0u);
+  EXPECT_EQ(n, toks.size());
+  ASSERT_TRUE((*dst)->Eval(std::span<const int32_t>(&next, 1), static_cast<int32_t>(toks.size())).ok());
+  auto got = (*dst)->Logits(0);
+  EXPECT_EQ(std::max_element(got.begin(), got.end()) - got.begin(),
+            std::max_element(exact.begin(), exact.end()) - exact.begin());
 }
 
 TEST_F(SlotFileTest, DamagedFilesAreErrorsNeverCrashes) {

@@ -69,6 +69,16 @@ void SetModelProfiler(std::function<Result<ModelProfileFacts>(const std::string&
   ModelProfiler() = std::move(profiler);
 }
 
+namespace {
+const engine::GgmlQuantizer*& BlockQuantizerSlot() {
+  static const engine::GgmlQuantizer* q = nullptr;
+  return q;
+}
+}  // namespace
+
+void SetBlockQuantizer(const engine::GgmlQuantizer* quantizer) { BlockQuantizerSlot() = quantizer; }
+const engine::GgmlQuantizer* BlockQuantizer() { return BlockQuantizerSlot(); }
+
 Result<ModelProfileFacts> AutomaticModelProfile(const std::string& gguf) {
   if (!ModelProfiler()) return Status::Unsupported("an automatic profile needs a build with llama.cpp");
   return ModelProfiler()(gguf);

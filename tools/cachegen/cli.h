@@ -19,6 +19,10 @@ class Option;
 class Validator;
 }
 
+namespace cachegen::engine {
+class GgmlQuantizer;
+}
+
 namespace cachegen::cli {
 
 // A byte size with an optional K, M, G or T suffix (powers of 1024), as
@@ -92,6 +96,10 @@ struct ModelProfileFacts {
   std::string source;
 };
 void SetModelProfiler(std::function<Result<ModelProfileFacts>(const std::string&)> profiler);
+// ggml's block quantizers for slot files of quantized caches; set by the
+// llama.cpp tools at start-up (null in builds without llama.cpp).
+void SetBlockQuantizer(const engine::GgmlQuantizer* quantizer);
+const engine::GgmlQuantizer* BlockQuantizer();
 Result<ModelProfileFacts> AutomaticModelProfile(const std::string& gguf);
 // The profiles a decoding command gives its decoder: the .cgprof at
 // `profile_path` when one is given, else every profile of the profile cache

@@ -20,6 +20,7 @@
 #include "cachegen/profile.h"
 #include "codec/cachegen/profile_data.h"
 #include "engine/llama/eval.h"
+#include "engine/llama/ggml_quantizer.h"
 
 namespace cachegen::cli {
 namespace {
@@ -203,6 +204,8 @@ const bool kRegistered = RegisterCommand(50, [](CLI::App& root) -> CommandRunner
     CG_ASSIGN_OR_RETURN(auto model, LlamaModel::Load(gguf));
     return ModelKeyFacts{CodecRope(model->info()), model->info().kv_heads};
   });
+  // Lets slot compress and restore handle slots of quantized caches.
+  SetBlockQuantizer(&engine::LlamaGgmlQuantizer());
   // Lets slot compress --model learn or read the model's automatic profile.
   SetModelProfiler([](const std::string& gguf) -> Result<ModelProfileFacts> {
     CG_ASSIGN_OR_RETURN(engine::AutoProfile p, AutoProfileFor("slot compress", gguf, 0, false));

@@ -49,7 +49,7 @@ int RunCompress(const SlotArgs& a) {
     kv_heads = m->kv_heads;
   }
   EncodeStats stats;
-  Result<std::vector<uint8_t>> out = engine::CompressSlotFile(*in, codec, kv_heads, &stats);
+  Result<std::vector<uint8_t>> out = engine::CompressSlotFile(*in, codec, kv_heads, &stats, BlockQuantizer());
   if (!out.ok()) {
     std::fprintf(stderr, "cachegen: error: '%s': %s\n", a.input.c_str(), out.status().message().c_str());
     return 1;
@@ -80,7 +80,7 @@ int RunRestore(const SlotArgs& a) {
   if (!in.ok()) return Fail(in.status());
   Result<std::shared_ptr<const ProfileSet>> profiles = DecodeProfiles(a.profile);
   if (!profiles.ok()) return Fail(profiles.status());
-  Result<std::vector<uint8_t>> out = engine::RestoreSlotFile(*in, a.level, a.threads, profiles->get());
+  Result<std::vector<uint8_t>> out = engine::RestoreSlotFile(*in, a.level, a.threads, profiles->get(), BlockQuantizer());
   if (!out.ok()) {
     std::fprintf(stderr, "cachegen: error: '%s': %s\n", a.input.c_str(), out.status().message().c_str());
     return 1;
