@@ -52,6 +52,14 @@ struct LlamaModelInfo;
 // (LlamaContextOptions::model_basis).
 RopeConfig CodecRope(const LlamaModelInfo& info);
 
+// A llama.cpp context's K and V cache types: f32, f16, bf16, q8_0, q4_0,
+// q4_1, q5_0, q5_1, iq4_nl.
+struct LlamaCacheTypes {
+  std::string k = "f16", v = "f16";
+  bool operator==(const LlamaCacheTypes&) const = default;
+  std::string ToString() const { return k == v ? k : k + "/" + v; }
+};
+
 // The orthonormal Walsh-Hadamard rotation (Sylvester order, H = H^T,
 // H H = I) the pinned llama.cpp stores a quantized cache's K and V in when
 // the head dim is a multiple of 64 (unless LLAMA_ATTN_ROT_DISABLE is set):
@@ -59,9 +67,9 @@ RopeConfig CodecRope(const LlamaModelInfo& info);
 // the head dim) and v_block (64). 0: that part is stored as computed.
 struct CacheRotation {
   uint32_t k_block = 0, v_block = 0;
+  bool any() const { return k_block != 0 || v_block != 0; }
 };
-CacheRotation CacheRotationOf(const LlamaModelInfo& info, const std::string& cache_type_k,
-                              const std::string& cache_type_v);
+CacheRotation CacheRotationOf(const LlamaModelInfo& info, const LlamaCacheTypes& cache);
 
 // True when positions[t] == first + t for every t: the codec's RoPE handling
 // assumes chunk token t sits at position token_start + t.
@@ -97,9 +105,7 @@ class LlamaModel {
 
 struct LlamaContextOptions {
   uint32_t n_ctx = 512;
-  // K and V cache types: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl.
-  // A quantized V needs flash attention (auto turns it on).
-  std::string cache_type_k = "f16", cache_type_v = "f16";
+  LlamaCacheTypes cache;           // a quantized V needs flash attention (auto turns it on)
   int flash_attn = -1;             // -1 auto, 0 off (V transposed), 1 on
   // Capture and Inject in the model's basis: a cache stored rotated
   // (CacheRotationOf) is rotated back on Capture and rotated again on Inject,

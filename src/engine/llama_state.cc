@@ -216,12 +216,10 @@ class RowCodec {
   // Whether row t of `v` (layer, part) holds exactly the blob's bytes of
   // cell t, so that it is copied as it is.
   bool Raw(const KVView& v) const {
-    if (type_.quantized() || type_.block_bytes != DTypeSize(v.dtype())) return false;
-    const bool same_type = (type_.id == kGgmlF32 && v.dtype() == DType::kF32) ||
-                           (type_.id == kGgmlF16 && v.dtype() == DType::kF16) ||
-                           (type_.id == kGgmlBF16 && v.dtype() == DType::kBF16);
+    const Result<DType> stored = DTypeOfGgml(type_.id);  // not ok for quantized types
     const KVShape& s = v.shape();
-    return same_type && v.strides().dim == 1 && (s.kv_heads == 1 || v.strides().head == int64_t{s.head_dim});
+    return stored.ok() && *stored == v.dtype() && v.strides().dim == 1 &&
+           (s.kv_heads == 1 || v.strides().head == int64_t{s.head_dim});
   }
 
   // Copies between the blob and a raw row of `v` (see Raw).
@@ -273,12 +271,16 @@ const GgmlCacheType* FindGgmlCacheType(int32_t type) {
 }
 
 Result<int32_t> GgmlCacheTypeByName(const std::string& name) {
-  std::string names;
   for (const GgmlCacheType& t : kCacheTypes) {
     if (name == t.name) return t.id;
-    names += std::string(names.empty() ? "" : ", ") + t.name;
   }
-  return Status::InvalidArgument("unknown llama.cpp cache type '" + name + "' (" + names + ")");
+  return Status::InvalidArgument("unknown llama.cpp cache type '" + name + "' (" + GgmlCacheTypeNames() + ")");
+}
+
+std::string GgmlCacheTypeNames() {
+  std::string names;
+  for (const GgmlCacheType& t : kCacheTypes) names += std::string(names.empty() ? "" : ", ") + t.name;
+  return names;
 }
 
 std::string GgmlTypeName(int32_t type) {

@@ -67,6 +67,8 @@ struct GgmlCacheType {
 const GgmlCacheType* FindGgmlCacheType(int32_t type);
 // By name ("q8_0"); kInvalidArgument naming the accepted ones otherwise.
 Result<int32_t> GgmlCacheTypeByName(const std::string& name);
+// "f32, f16, bf16, q8_0, ...": the accepted names, for messages and help.
+std::string GgmlCacheTypeNames();
 
 // "f32", "f16", "bf16", "q8_0", "type 12"...
 std::string GgmlTypeName(int32_t type);

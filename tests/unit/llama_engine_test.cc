@@ -87,7 +87,7 @@ TEST_F(LlamaEngineTest, RoundTripIsBitExact) {
         LlamaContextOptions o;
         o.threads = 1;
         o.n_ctx = 256;
-        o.cache_type_k = o.cache_type_v = type;
+        o.cache = {type, type};
         o.flash_attn = fa;
         o.n_seq = 2;
         o.unified = unified;
@@ -126,7 +126,7 @@ TEST_F(LlamaEngineTest, AppendChunkByChunkIsBitExact) {
       LlamaContextOptions o;
       o.threads = 1;
       o.n_ctx = 256;
-      o.cache_type_k = o.cache_type_v = type;
+      o.cache = {type, type};
       o.flash_attn = fa;
       o.n_seq = 2;
       auto src = Context(o);
@@ -269,11 +269,11 @@ TEST_F(LlamaEngineTest, RejectsWrongShapesAndTypes) {
   EXPECT_EQ(c->Inject(1, right.view()).code(), StatusCode::kInvalidArgument);  // only sequence 0 exists
   EXPECT_EQ(c->Capture(0).status().code(), StatusCode::kNotFound);
   if (stories_) {  // q8_0 blocks of 32 do not fit stories260K's head dim 8: llama.cpp refuses the context.
-    o.cache_type_k = o.cache_type_v = "q8_0";
+    o.cache = {"q8_0", "q8_0"};
     o.flash_attn = 1;
     EXPECT_FALSE(LlamaContext::Create(model_, o).ok());
   }
-  o.cache_type_k = "q3";
+  o.cache.k = "q3";
   EXPECT_EQ(LlamaContext::Create(model_, o).status().code(), StatusCode::kInvalidArgument);
 }
 

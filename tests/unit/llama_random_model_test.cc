@@ -57,8 +57,7 @@ void ExpectRoundTripIsBitExact(const std::shared_ptr<LlamaModel>& model, const s
     LlamaContextOptions o;
     o.n_ctx = static_cast<uint32_t>(toks.size()) + 8;
     o.threads = 1;
-    o.cache_type_k = c.k;
-    o.cache_type_v = c.v;
+    o.cache = {c.k, c.v};
     o.flash_attn = c.flash_attn;
     auto src = LlamaContext::Create(model, o);
     ASSERT_TRUE(src.ok()) << src.status().ToString();
@@ -114,16 +113,16 @@ TEST_F(RandomModelTest, EveryCacheTypeRoundTripsBitExactOnDocs6L) {
 TEST_F(RandomModelTest, ModelBasisUndoesTheCachesRotation) {
   ASSERT_TRUE(model_);
   const LlamaModelInfo& in = (*model_)->info();
-  EXPECT_EQ(CacheRotationOf(in, "f16", "f16").k_block, 0u);
-  EXPECT_EQ(CacheRotationOf(in, "q8_0", "f16").k_block, 64u);
-  EXPECT_EQ(CacheRotationOf(in, "q8_0", "f16").v_block, 0u);
-  EXPECT_EQ(CacheRotationOf(in, "f16", "iq4_nl").v_block, 64u);
+  EXPECT_EQ(CacheRotationOf(in, {"f16", "f16"}).k_block, 0u);
+  EXPECT_EQ(CacheRotationOf(in, {"q8_0", "f16"}).k_block, 64u);
+  EXPECT_EQ(CacheRotationOf(in, {"q8_0", "f16"}).v_block, 0u);
+  EXPECT_EQ(CacheRotationOf(in, {"f16", "iq4_nl"}).v_block, 64u);
   LlamaModelInfo wide = in;
   wide.head_dim = 128;
-  EXPECT_EQ(CacheRotationOf(wide, "q4_0", "q4_0").k_block, 128u);
-  EXPECT_EQ(CacheRotationOf(wide, "q4_0", "q4_0").v_block, 64u);
+  EXPECT_EQ(CacheRotationOf(wide, {"q4_0", "q4_0"}).k_block, 128u);
+  EXPECT_EQ(CacheRotationOf(wide, {"q4_0", "q4_0"}).v_block, 64u);
   wide.head_dim = 96;
-  EXPECT_EQ(CacheRotationOf(wide, "q4_0", "q4_0").k_block, 0u);
+  EXPECT_EQ(CacheRotationOf(wide, {"q4_0", "q4_0"}).k_block, 0u);
 
   std::vector<int32_t> toks = {1};
   for (int i = 0; i < 40; ++i) toks.push_back(260 + (i * 11) % 100);
@@ -132,7 +131,7 @@ TEST_F(RandomModelTest, ModelBasisUndoesTheCachesRotation) {
     LlamaContextOptions o;
     o.n_ctx = 64;
     o.threads = 1;
-    o.cache_type_k = o.cache_type_v = type;
+    o.cache = {type, type};
     o.flash_attn = 1;
     o.model_basis = model_basis;
     auto c = LlamaContext::Create(*model_, o);

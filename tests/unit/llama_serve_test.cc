@@ -249,7 +249,7 @@ TEST_F(LlamaServeTest, LossyChunksLoadAndGenerate) {
 TEST_F(LlamaServeTest, AQuantizedCacheStoresAndLoadsThroughAMemoryTier) {
   ASSERT_TRUE(model_);
   LlamaServeOptions o = Options("cachegen", 2);
-  o.cache_type_k = o.cache_type_v = "q8_0";
+  o.cache = {"q8_0", "q8_0"};
   auto tier = WithMemoryTier(nullptr, 64ull << 20);
   auto e = LlamaCompletionEngine::Create(*model_, tier.get(), o);
   ASSERT_TRUE(e.ok()) << e.status().message();

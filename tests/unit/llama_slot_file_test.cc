@@ -109,7 +109,7 @@ TEST_F(SlotFileTest, SlotsOfAQuantizedCacheNeedTheQuantizer) {
   ASSERT_TRUE(model_);
   LlamaContextOptions o;
   o.n_ctx = 256;
-  o.cache_type_k = o.cache_type_v = "q8_0";
+  o.cache = {"q8_0", "q8_0"};
   o.flash_attn = 1;
   auto ctx = LlamaContext::Create(*model_, o);
   ASSERT_TRUE(ctx.ok()) << ctx.status().message();

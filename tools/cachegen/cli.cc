@@ -15,6 +15,7 @@
 #include "cachegen/profile.h"
 #include "codec/cachegen/profile_cache.h"
 #include "kv/io.h"
+#include "engine/llama_state.h"
 #include "kv/synthetic.h"
 #include "store/uri.h"
 
@@ -30,8 +31,8 @@ Result<uint64_t> ParseByteSize(const std::string& text, const std::string& what)
   return size;
 }
 
-std::vector<CLI::Option*> AddCacheTypeOptions(CLI::App* sub, CacheTypes* types, const std::string& what) {
-  const std::string names = "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl";
+std::vector<CLI::Option*> AddCacheTypeOptions(CLI::App* sub, LlamaCacheTypes* types, const std::string& what) {
+  const std::string names = engine::GgmlCacheTypeNames();
   // CLI11 runs option callbacks in the order the options are added: -k and -v override.
   return {sub->add_option_function<std::string>(
       "--cache-type", [types](const std::string& t) { types->k = types->v = t; },
@@ -39,7 +40,6 @@ std::vector<CLI::Option*> AddCacheTypeOptions(CLI::App* sub, CacheTypes* types, 
           sub->add_option("--cache-type-k", types->k, "K cache type (overrides --cache-type)"),
           sub->add_option("--cache-type-v", types->v, "V cache type (overrides --cache-type)")};
 }
-
 
 namespace {
 std::function<Result<ModelKeyFacts>(const std::string&)>& ModelReader() {

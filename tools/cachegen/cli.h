@@ -10,6 +10,7 @@
 
 #include "cachegen/codec.h"
 #include "cachegen/kv.h"
+#include "cachegen/llama_engine.h"
 #include "cachegen/status.h"
 #include "kv/io.h"
 
@@ -29,13 +30,9 @@ namespace cachegen::cli {
 // store URIs take them; kInvalidArgument naming `what` otherwise.
 Result<uint64_t> ParseByteSize(const std::string& text, const std::string& what);
 
-// A llama.cpp command's K and V cache types (LlamaContextOptions).
-struct CacheTypes {
-  std::string k = "f16", v = "f16";
-};
 // --cache-type (both), --cache-type-k and --cache-type-v, the last two
 // overriding the first; `what` says which context they are for.
-std::vector<CLI::Option*> AddCacheTypeOptions(CLI::App* sub, CacheTypes* types, const std::string& what);
+std::vector<CLI::Option*> AddCacheTypeOptions(CLI::App* sub, LlamaCacheTypes* types, const std::string& what);
 
 // RoPE options of a command that encodes (--rope, --rope-dims, --rope-theta,
 // --rope-scale; with `model_flag` also --model and --no-rope).
@@ -116,7 +113,7 @@ struct ModelDemoArgs {
   // profile (learn_profile), or no second run.
   std::string profile;
   bool learn_profile = true;
-  CacheTypes cache;  // the context's, which the restored KV goes back into
+  LlamaCacheTypes cache;  // the context's, which the restored KV goes back into
 };
 void SetModelDemo(std::function<int(const ModelDemoArgs&)> demo);
 const std::function<int(const ModelDemoArgs&)>& ModelDemo();

@@ -60,11 +60,6 @@ struct ModelSpec {
 
 double Ms(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
 // KV bytes a token takes in a cache of `type`: two tokens' sequence state
 // less one token's, less the cell's 12 metadata bytes (the engine's own
 // serialization of its cache rows).
@@ -72,7 +67,7 @@ Result<uint64_t> BytesPerToken(const std::shared_ptr<LlamaModel>& model, const s
   LlamaContextOptions o;
   o.n_ctx = 16;
   o.threads = 1;
-  o.cache_type_k = o.cache_type_v = type;
+  o.cache = {type, type};
   CG_ASSIGN_OR_RETURN(auto ctx, LlamaContext::Create(model, o));
   const int32_t toks[2] = {std::max(0, model->info().bos), std::max(0, model->info().bos)};
   CG_RETURN_IF_ERROR(ctx->Eval(std::span<const int32_t>(toks, 1), 0));

@@ -21,7 +21,7 @@ namespace {
 
 struct CaptureArgs {
   std::string model, text, output;
-  CacheTypes cache;
+  LlamaCacheTypes cache;
   uint32_t context = 768, window = 0, threads = 0;
 };
 
@@ -38,8 +38,7 @@ int RunCapture(CaptureArgs a) {
                                                     windows.size(), a.context, a.window)));
   LlamaContextOptions co;
   co.n_ctx = a.context + 8;
-  co.cache_type_k = a.cache.k;
-  co.cache_type_v = a.cache.v;
+  co.cache = a.cache;
   co.model_basis = true;  // keys as the model computed them, whatever the cache stores
   co.threads = a.threads;
   Result<std::unique_ptr<LlamaContext>> ctx = LlamaContext::Create(model, co);

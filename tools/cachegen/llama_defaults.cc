@@ -78,18 +78,17 @@ Result<std::string> RandomLlama1BPath(const std::string& tool, const std::string
 }
 
 Result<engine::AutoProfile> AutoProfileFor(const std::string& tool, const std::string& model_path, uint32_t threads,
-                                           bool quiet, const CacheTypes& types) {
+                                           bool quiet, const LlamaCacheTypes& types) {
   engine::AutoProfileOptions o;
   o.model_path = model_path;
   o.threads = threads;
-  o.cache_type_k = types.k;
-  o.cache_type_v = types.v;
+  o.cache = types;
   if (!quiet) o.progress = [tool](const std::string& m) { std::fprintf(stderr, "cachegen %s: %s\n", tool.c_str(), m.c_str()); };
   return engine::AutoModelProfile(o);
 }
 
 Status UseServeDefaultCoding(const std::string& tool, const std::string& model_path, uint32_t threads, double best_kl,
-                             CodecConfig* codec, std::string* coding, const CacheTypes& types) {
+                             CodecConfig* codec, std::string* coding, const LlamaCacheTypes& types) {
   CG_ASSIGN_OR_RETURN(engine::AutoProfile p, AutoProfileFor(tool, model_path, threads, false, types));
   codec->levels = 4;  // llama-serve's
   codec->profile = p.profile;

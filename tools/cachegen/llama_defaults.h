@@ -48,13 +48,13 @@ Result<ModelAndText> LoadModelAndText(const std::string& tool, const std::string
 // (engine::AutoModelProfile, in the default cache folder), progress and
 // where it came from on stderr prefixed by "cachegen <tool>: " unless quiet.
 Result<engine::AutoProfile> AutoProfileFor(const std::string& tool, const std::string& model_path, uint32_t threads,
-                                           bool quiet, const CacheTypes& types = {});
+                                           bool quiet, const LlamaCacheTypes& types = {});
 
 // What llama-serve codes chunks with when given no codec options: the
 // model's automatic profile (AutoProfileFor), 4 levels, the best at
 // `best_kl` (> 0) or engine::DefaultBestLevelKl. Sets `codec` and, when
 // given, `coding` to a line saying so.
 Status UseServeDefaultCoding(const std::string& tool, const std::string& model_path, uint32_t threads, double best_kl,
-                             CodecConfig* codec, std::string* coding = nullptr, const CacheTypes& types = {});
+                             CodecConfig* codec, std::string* coding = nullptr, const LlamaCacheTypes& types = {});
 
 }  // namespace cachegen::cli

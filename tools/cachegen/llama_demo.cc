@@ -72,8 +72,7 @@ int RunModelDemo(const ModelDemoArgs& args) {
   o.codecs = {"cachegen"};
   o.bits = {kDefaultBitsPerValue};
   o.windows = args.windows;
-  o.cache_type_k = args.cache.k;
-  o.cache_type_v = args.cache.v;
+  o.cache = args.cache;
   o.greedy = 48;  // enough tokens for a sentence of a TinyStories model
   Result<engine::EvalReport> rep = engine::RunEval(o);
   if (!rep.ok()) return Fail(rep.status());
@@ -85,7 +84,7 @@ int RunModelDemo(const ModelDemoArgs& args) {
       "the default codec (cachegen, %.3g bits/value target, RoPE-aware keys), decoded, and injected into a fresh\n"
       "context, which then scores the next %u tokens and generates greedily.\n\n",
       std::filesystem::path(rep->model).filename().c_str(), in.layers, in.kv_heads, in.head_dim, rep->windows,
-      rep->context, (args.cache.k == args.cache.v ? args.cache.k : args.cache.k + "/" + args.cache.v).c_str(),
+      rep->context, args.cache.ToString().c_str(),
       kDefaultBitsPerValue, rep->continuation);
   if (!note.empty()) std::printf("note: %s\n\n", note.c_str());
   PrintRow(*rep, r, "all side information included");

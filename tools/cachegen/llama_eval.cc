@@ -30,7 +30,7 @@ constexpr const char* kDefaultCodecs = "cachegen,cachegen-ref,fp16,q8,q4,kivi2,k
 struct EvalArgs {
   std::string model, text, codecs = kDefaultCodecs, bits = "1,1.5,2,3,4", max_kl;
   uint32_t context = 384, continuation = 128, windows = 16, greedy = 32, threads = 0, levels = 1;
-  CacheTypes cache;
+  LlamaCacheTypes cache;
   int flash_attn = -1;
   bool json = false, quiet = false, rope = true;
   std::string plot, profile;
@@ -118,8 +118,7 @@ int RunEval(EvalArgs a) {
   o.windows = a.windows;
   o.levels = a.levels;
   o.greedy = a.greedy;
-  o.cache_type_k = a.cache.k;
-  o.cache_type_v = a.cache.v;
+  o.cache = a.cache;
   o.flash_attn = a.flash_attn;
   o.threads = a.threads;
   o.codec = a.tuning;

@@ -31,7 +31,6 @@ struct LlamaServeArgs {
   std::string api_key, api_key_file;  // the clients' bearer key (llama-server's flags)
   std::string cache_ram;  // SIZE of the host-memory tier in front of the store; empty: none
   LlamaServeOptions engine;
-  CacheTypes cache;  // copied into engine
   uint32_t queue = 16, max_tokens = 1024;
   uint32_t max_prompt_tokens = 0;  // 0: the context size
 };
@@ -152,23 +151,20 @@ int RunLlamaServe(LlamaServeArgs a) {
   Result<std::string> fp = ModelFingerprint(a.model, (*model)->info());
   if (!fp.ok()) return Fail(fp.status());
   a.engine.model_fingerprint = *fp;
-  a.engine.cache_type_k = a.cache.k;
-  a.engine.cache_type_v = a.cache.v;
   a.engine.model_name = a.model.substr(a.model.find_last_of('/') + 1);
   // The automatic profile: the store's shared one, else this machine's
   // cached one (then shared), else learned in the background while requests
   // are served without caching.
   const bool auto_profile = a.profile.empty() && a.engine.codec.codec == "cachegen";
   // A profile is learned for the cache it codes: other types than f16 have their own.
-  const ChunkKey profile_key = ModelProfileKey(*fp + CacheTypesTag(a.cache.k, a.cache.v), engine::kAutoProfileSettings);
+  const ChunkKey profile_key = ModelProfileKey(*fp + CacheTypesTag(a.engine.cache), engine::kAutoProfileSettings);
   std::string profile_note = a.profile.empty() ? "" : a.profile;
   // The server's model and fingerprint: the profile's lookup and learning load and hash nothing again.
   engine::AutoProfileOptions auto_options;
   auto_options.model_path = a.model;
   auto_options.model = *model;
   auto_options.fingerprint = *fp;
-  auto_options.cache_type_k = a.cache.k;
-  auto_options.cache_type_v = a.cache.v;
+  auto_options.cache = a.engine.cache;
   if (auto_profile) {
     std::shared_ptr<const Profile> p = ReadSharedProfile(**store, profile_key, (*model)->info());
     profile_note = "automatic, shared through the store";
@@ -259,7 +255,7 @@ const bool kRegistered = RegisterCommand(50, [](CLI::App& root) -> CommandRunner
   sub->add_option("--slots", a->engine.slots, "Concurrent requests (one llama.cpp context each)")->capture_default_str();
   sub->add_option("--queue", a->queue, "Requests that may wait for a slot before 503")->capture_default_str();
   sub->add_option("--ctx", a->engine.n_ctx, "Context size per slot (tokens)")->capture_default_str();
-  AddCacheTypeOptions(sub, &a->cache, "every slot");
+  AddCacheTypeOptions(sub, &a->engine.cache, "every slot");
   sub->add_option("--threads", a->engine.threads, "llama.cpp threads per slot (0: its default)")->capture_default_str();
   sub->add_option("--threads-batch", a->engine.threads_batch,
                   "llama.cpp threads for prompt batches (0: as --threads)")

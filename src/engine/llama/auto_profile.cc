@@ -32,7 +32,7 @@ double SecondsSince(std::chrono::steady_clock::time_point t0) {
 // The cache file name: the fingerprint (letters, digits, '.', '-' and '_'
 // only), the settings, and the windows when they are not the defaults.
 std::string FileNameOf(const std::string& fingerprint, const AutoProfileOptions& o) {
-  std::string s = fingerprint + CacheTypesTag(o.cache_type_k, o.cache_type_v);
+  std::string s = fingerprint + CacheTypesTag(o.cache);
   for (char& c : s)
     if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-') c = '_';
   const AutoProfileOptions defaults;
@@ -160,8 +160,7 @@ Result<AutoProfile> AutoModelProfile(const AutoProfileOptions& o) {
   po.context = o.context;
   po.continuation = o.continuation;
   po.threads = o.threads;
-  po.cache_type_k = o.cache_type_k;
-  po.cache_type_v = o.cache_type_v;
+  po.cache = o.cache;
   po.tuning.quantizer = CodecConfig::Quantizer::kLloyd;  // as `profile train`
   po.progress = o.progress;
   CG_ASSIGN_OR_RETURN(po.windows, SampleModelWindows(model, o.windows, o.context + o.continuation + 1,

@@ -29,7 +29,7 @@ struct AutoProfileOptions {
   uint32_t threads = 0;   // llama.cpp threads (0: its default)
   // The cache the profile is for (ModelProfileOptions): other types than
   // f16/f16 are part of the file's name (CacheTypesTag).
-  std::string cache_type_k = "f16", cache_type_v = "f16";
+  LlamaCacheTypes cache;
   // What it is learned from: windows of context + continuation tokens the
   // model samples. Other values than these defaults (tests: smaller, faster)
   // are part of the cache file's name, so such profiles are kept apart.

@@ -32,17 +32,16 @@ bool Quantized(const std::string& type) {
 
 }  // namespace
 
-CacheRotation CacheRotationOf(const LlamaModelInfo& info, const std::string& cache_type_k,
-                              const std::string& cache_type_v) {
+CacheRotation CacheRotationOf(const LlamaModelInfo& info, const LlamaCacheTypes& cache) {
   CacheRotation r;
   const char* off = std::getenv("LLAMA_ATTN_ROT_DISABLE");  // read by llama.cpp the same way
   if ((off && std::atoi(off) != 0) || info.head_dim == 0 || info.head_dim % 64 != 0) return r;
-  if (Quantized(cache_type_k)) {
+  if (Quantized(cache.k)) {
     // The largest power of two that divides the head dim (llama_kv_cache::build_input_k_rot).
     r.k_block = 64;
     while (info.head_dim % (r.k_block * 2) == 0) r.k_block *= 2;
   }
-  if (Quantized(cache_type_v)) r.v_block = 64;  // llama_kv_cache::build_input_v_rot
+  if (Quantized(cache.v)) r.v_block = 64;  // llama_kv_cache::build_input_v_rot
   return r;
 }
 

@@ -109,9 +109,9 @@ Result<std::string> ModelFingerprint(const std::string& gguf_path, const LlamaMo
          std::to_string(info.head_dim) + ":" + hex;
 }
 
-std::string CacheTypesTag(const std::string& cache_type_k, const std::string& cache_type_v) {
-  if (cache_type_k == "f16" && cache_type_v == "f16") return "";
-  return ":kv=" + cache_type_k + "/" + cache_type_v;
+std::string CacheTypesTag(const LlamaCacheTypes& cache) {
+  if (cache == LlamaCacheTypes{}) return "";
+  return ":kv=" + cache.k + "/" + cache.v;
 }
 
 Result<std::unique_ptr<LlamaCompletionEngine>> LlamaCompletionEngine::Create(std::shared_ptr<LlamaModel> model,
@@ -129,8 +129,7 @@ Result<std::unique_ptr<LlamaCompletionEngine>> LlamaCompletionEngine::Create(std
     e->options_.codec.rope = CodecRope(e->model_->info());
   LlamaContextOptions co;
   co.n_ctx = options.n_ctx;
-  co.cache_type_k = options.cache_type_k;
-  co.cache_type_v = options.cache_type_v;
+  co.cache = options.cache;
   co.model_basis = true;  // chunks of a rotated cache are coded in the model's basis
   co.threads = options.threads;
   co.threads_batch = options.threads_batch;
@@ -170,7 +169,7 @@ Result<std::shared_ptr<const LlamaCompletionEngine::ChunkCoding>> LlamaCompletio
   c->encoder = std::make_unique<Encoder>(std::move(enc));
   if (codec.profile) CG_RETURN_IF_ERROR(CheckEncoderFitsModel(*c->encoder, info));
   c->profiles = std::make_shared<const ProfileSet>(codec.profile);
-  c->root = ChainRoot(o.model_fingerprint + CacheTypesTag(o.cache_type_k, o.cache_type_v), CodecProfile(codec),
+  c->root = ChainRoot(o.model_fingerprint + CacheTypesTag(o.cache), CodecProfile(codec),
                       codec.chunk_tokens);
   return std::shared_ptr<const ChunkCoding>(std::move(c));
 }

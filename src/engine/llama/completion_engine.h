@@ -43,7 +43,7 @@ struct LlamaServeOptions {
   uint32_t n_ctx = 4096;
   // llama.cpp K and V cache types (LlamaContextOptions); chunk keys name them
   // unless both are f16 (CacheTypesTag).
-  std::string cache_type_k = "f16", cache_type_v = "f16";
+  LlamaCacheTypes cache;
   uint32_t threads = 0;            // llama.cpp threads per slot (0: its default)
   uint32_t threads_batch = 0;      // llama.cpp threads for prompt batches (0: as threads)
   // How new chunks are encoded (levels, rate, profile); chunk_tokens = chunk
@@ -185,6 +185,6 @@ Result<std::string> ModelFingerprint(const std::string& gguf_path, const LlamaMo
 // cache of these K/V types: "" for f16/f16 (so that keys of f16 caches stay
 // as they were), else ":kv=K/V". A chunk captured from a q4_0 cache holds
 // other values (quantized, maybe Hadamard-rotated) than one from f16.
-std::string CacheTypesTag(const std::string& cache_type_k, const std::string& cache_type_v);
+std::string CacheTypesTag(const LlamaCacheTypes& cache);
 
 }  // namespace cachegen

@@ -200,8 +200,7 @@ Result<EvalReport> RunEval(const EvalOptions& o) {
 
   LlamaContextOptions co;
   co.n_ctx = n_ctx;
-  co.cache_type_k = o.cache_type_k;
-  co.cache_type_v = o.cache_type_v;
+  co.cache = o.cache;
   co.model_basis = true;  // a rotated cache's KV coded in the model's basis, as llama-serve codes it
   co.flash_attn = o.flash_attn;
   co.threads = o.threads;
@@ -213,7 +212,7 @@ Result<EvalReport> RunEval(const EvalOptions& o) {
   for (size_t i = 0; i < specs.size(); ++i) {
     if (!specs[i].engine_type.empty()) {
       LlamaContextOptions qo = co;
-      qo.cache_type_k = qo.cache_type_v = specs[i].engine_type;
+      qo.cache = {specs[i].engine_type, specs[i].engine_type};
       qo.flash_attn = 1;  // llama.cpp needs flash attention for a quantized V cache
       auto q = LlamaContext::Create(model, qo);
       if (!q.ok()) {

@@ -45,7 +45,7 @@ struct EvalOptions {
   bool rope = true;
   uint32_t context = 384, continuation = 128, windows = 16, greedy = 32;
   // The exact context's cache (LlamaContextOptions), which the KV is captured from and injected into.
-  std::string cache_type_k = "f16", cache_type_v = "f16";
+  LlamaCacheTypes cache;
   int flash_attn = -1;
   uint32_t threads = 0;
   CodecConfig codec;  // tuning for every codec (codec, bits_per_value and threads are set per row)

@@ -179,8 +179,8 @@ std::string LlamaModel::Detokenize(std::span<const int32_t> tokens) const {
 Result<std::unique_ptr<LlamaContext>> LlamaContext::Create(std::shared_ptr<LlamaModel> model,
                                                            const LlamaContextOptions& options) {
   if (!model) return Status::InvalidArgument("no model");
-  CG_ASSIGN_OR_RETURN(ggml_type type_k, CacheType(options.cache_type_k));
-  CG_ASSIGN_OR_RETURN(ggml_type type_v, CacheType(options.cache_type_v));
+  CG_ASSIGN_OR_RETURN(ggml_type type_k, CacheType(options.cache.k));
+  CG_ASSIGN_OR_RETURN(ggml_type type_v, CacheType(options.cache.v));
   if (options.n_seq == 0 || options.n_ctx == 0) return Status::InvalidArgument("n_ctx and n_seq must be > 0");
   llama_context_params cp = llama_context_default_params();
   cp.n_ctx = options.n_ctx;
@@ -210,8 +210,8 @@ Result<std::unique_ptr<LlamaContext>> LlamaContext::Create(std::shared_ptr<Llama
   cp.abort_callback_data = out.get();
   llama_context* ctx = llama_init_from_model(model->raw(), cp);
   if (!ctx) {
-    return Status::InvalidArgument("llama.cpp could not create a context (cache " + options.cache_type_k + "/" +
-                                   options.cache_type_v + ", flash attention " + std::to_string(options.flash_attn) +
+    return Status::InvalidArgument("llama.cpp could not create a context (cache " + options.cache.ToString() +
+                                   ", flash attention " + std::to_string(options.flash_attn) +
                                    "; block-32 types need a head dim that is a multiple of 32, a quantized V "
                                    "flash attention)");
   }
@@ -220,8 +220,7 @@ Result<std::unique_ptr<LlamaContext>> LlamaContext::Create(std::shared_ptr<Llama
   out->ctx_ = ctx;
   out->type_k_ = static_cast<int32_t>(type_k);
   out->type_v_ = static_cast<int32_t>(type_v);
-  if (options.model_basis)
-    out->rotation_ = CacheRotationOf(out->model_->info(), options.cache_type_k, options.cache_type_v);
+  if (options.model_basis) out->rotation_ = CacheRotationOf(out->model_->info(), options.cache);
   {
     // Probe the state layout llama.cpp writes here (V transposed or not, per-cell
     // extension bytes): evaluate one token, parse its blob, clear.
@@ -354,11 +353,8 @@ Result<CapturedKV> LlamaContext::Capture(int32_t seq) {
     return Status::Unsupported("captured head dim " + std::to_string(kv.shape().head_dim) + " differs from the model's " +
                                std::to_string(model_->info().head_dim));
   }
-  if (rotation_.k_block || rotation_.v_block) {
-    // Rotated values are not f16 values either: in f32, then back to the model's basis.
-    if (kv.dtype() != DType::kF32) kv = kv.Converted(DType::kF32);
-    engine::ApplyCacheRotation(rotation_, kv.view());
-  }
+  // Only quantized parts are rotated, and a quantized cache is captured in f32.
+  if (rotation_.any()) engine::ApplyCacheRotation(rotation_, kv.view());
   return CapturedKV{std::move(kv), st.sections[0].streams[0].pos};
 }
 
@@ -383,7 +379,7 @@ Status LlamaContext::Inject(int32_t seq, const KVView& kv, std::span<const int32
   layout.k_type = type_k_;
   layout.v_type = type_v_;
   layout.pos.assign(positions.begin(), positions.end());
-  const bool rotate = rotation_.k_block || rotation_.v_block;
+  const bool rotate = rotation_.any();
   KVTensor rotated(rotate ? s : KVShape{}, DType::kF32);
   if (rotate) {
     CG_RETURN_IF_ERROR(CopyKV(kv, rotated.view()));

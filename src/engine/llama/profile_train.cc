@@ -57,8 +57,7 @@ Result<ModelProfile> TrainModelProfile(const ModelProfileOptions& o) {
   LlamaContextOptions co;
   co.n_ctx = o.context + 8;
   co.threads = o.threads;
-  co.cache_type_k = o.cache_type_k;
-  co.cache_type_v = o.cache_type_v;
+  co.cache = o.cache;
   co.model_basis = true;
   if (out.channel_weights)
     co.query_observer = [&weights](uint32_t layer, int32_t pos0, std::span<const float> q) {
@@ -102,8 +101,7 @@ Result<ModelProfile> TrainModelProfile(const ModelProfileOptions& o) {
   so.continuation = o.continuation;
   so.steps = o.sensitivity_steps;
   so.threads = o.threads;
-  so.cache_type_k = o.cache_type_k;
-  so.cache_type_v = o.cache_type_v;
+  so.cache = o.cache;
   so.progress = o.progress;
   CG_ASSIGN_OR_RETURN(out.sensitivity,
                       MeasureSensitivity(model, std::span(windows).subspan(o.skip), *out.profile, cfg, so));

@@ -47,7 +47,7 @@ struct ModelProfileOptions {
   CodecConfig tuning;  // the quantizer, group size and rotation the profile is learned for
   // The llama.cpp cache the KV is captured from (LlamaContextOptions, in the
   // model's basis): a quantized cache's KV is its dequantized values.
-  std::string cache_type_k = "f16", cache_type_v = "f16";
+  LlamaCacheTypes cache;
   // One line per step and per part skipped (with the reason); may be empty.
   std::function<void(const std::string&)> progress;
 };

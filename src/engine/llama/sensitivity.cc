@@ -110,8 +110,7 @@ Result<SensitivityReport> MeasureSensitivity(const std::shared_ptr<LlamaModel>& 
   LlamaContextOptions co;
   co.n_ctx = N + M + 8;
   co.threads = o.threads;
-  co.cache_type_k = o.cache_type_k;
-  co.cache_type_v = o.cache_type_v;
+  co.cache = o.cache;
   co.model_basis = true;  // as the codec codes it (profile_train)
   CG_ASSIGN_OR_RETURN(auto ctx, LlamaContext::Create(model, co));
   const bool lloyd = config.quantizer == CodecConfig::Quantizer::kLloyd;
@@ -120,7 +119,7 @@ Result<SensitivityReport> MeasureSensitivity(const std::shared_ptr<LlamaModel>& 
   // (a head dim that 32 divides; flash attention, as llama.cpp needs for a
   // quantized V), else the q8 codec on the captured KV.
   LlamaContextOptions qo = co;
-  qo.cache_type_k = qo.cache_type_v = "q8_0";
+  qo.cache = {"q8_0", "q8_0"};
   qo.flash_attn = 1;
   Result<std::unique_ptr<LlamaContext>> q8_ctx = LlamaContext::Create(model, qo);
   CodecConfig q8;

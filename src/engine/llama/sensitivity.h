@@ -32,7 +32,7 @@ struct SensitivityOptions {
   std::vector<double> joint_multipliers = {0.25, 1.0, 4.0, 16.0};
   uint32_t threads = 0;  // llama.cpp threads (0: its default)
   // The cache the KV is captured from and injected into (LlamaContextOptions).
-  std::string cache_type_k = "f16", cache_type_v = "f16";
+  LlamaCacheTypes cache;
   std::function<void(const std::string&)> progress;  // may be empty
 };
 
