@@ -22,6 +22,7 @@
 
 #include "common/parallel.h"
 #include "stream/fetch_session.h"
+#include "stream/link_clock.h"
 
 namespace cachegen {
 namespace {
@@ -44,6 +45,11 @@ struct Ticket {
   uint32_t level = 0;
   std::atomic<uint64_t> received{0};  // frame bytes arrived so far
   std::atomic<bool> cancel{false};    // abandon it (stores with progress only)
+  // Its fetch thread's: progress reports that brought bytes, and when the
+  // first did (seconds on the fetcher's link clock).
+  unsigned pieces = 0;
+  double first_byte_s = -1;
+  size_t link_request = 0;  // its index in the fetcher's LinkClock
 };
 
 // A fetched frame, shared: a decode on the decoder thread reads it while
@@ -164,9 +170,7 @@ class Fetcher {
     {
       std::lock_guard<std::mutex> lock(mu_);
       t->id = ++last_id_;
-      const Clock::time_point now = Clock::now();
-      if (active_ == 0 && finished_any_) idle_.emplace_back(last_finish_, now);
-      ++active_;
+      t->link_request = link_.Issue(Seconds(origin_, Clock::now()));
       jobs_.push_back(t);
     }
     cv_.notify_one();
@@ -193,18 +197,10 @@ class Fetcher {
     done_cv_.notify_one();
   }
   uint64_t received() const { return received_.load(); }
-  // Seconds in [from, to] during which the link had work (requests issued
-  // and not finished).
-  double BusySeconds(Clock::time_point from, Clock::time_point to) {
+  // The link's busy time up to `to` (FetchIo::BusySeconds, LinkClock).
+  double BusySeconds(Clock::time_point to) {
     std::lock_guard<std::mutex> lock(mu_);
-    double idle = 0;
-    for (const auto& [a, b] : idle_) {
-      const Clock::time_point lo = std::max(a, from), hi = std::min(b, to);
-      if (hi > lo) idle += Seconds(lo, hi);
-    }
-    if (active_ == 0 && finished_any_ && to > std::max(last_finish_, from))
-      idle += Seconds(std::max(last_finish_, from), to);
-    return std::max(0.0, Seconds(from, to) - idle);
+    return link_.BusySeconds(Seconds(origin_, to));
   }
 
  private:
@@ -228,6 +224,7 @@ class Fetcher {
         uint64_t seen = 0;
         got = store_->GetWithProgress(keys_[t->chunk], t->level, [&](uint64_t received) {
           if (received < seen) seen = 0;  // the store retried on a new connection
+          if (received > seen && ++t->pieces == 1) t->first_byte_s = Seconds(origin_, Clock::now());
           received_ += received - seen;
           seen = received;
           t->received = received;
@@ -240,9 +237,7 @@ class Fetcher {
         std::lock_guard<std::mutex> lock(mu_);
         running_.erase(t);
         d.finished = Clock::now();  // under the lock: done_ stays in finish order
-        --active_;
-        last_finish_ = std::max(last_finish_, d.finished);
-        finished_any_ = true;
+        link_.Finish(t->link_request, Seconds(origin_, d.finished), t->first_byte_s, t->pieces);
         done_.push_back(std::move(d));
       }
       done_cv_.notify_one();
@@ -266,10 +261,8 @@ class Fetcher {
   std::deque<Done> done_;
   uint64_t last_id_ = 0;
   std::atomic<uint64_t> received_{0};
-  uint32_t active_ = 0;
-  bool finished_any_ = false;
-  Clock::time_point last_finish_{};
-  std::vector<std::pair<Clock::time_point, Clock::time_point>> idle_;
+  const Clock::time_point origin_ = Clock::now();  // the link clock's zero
+  LinkClock link_;
   bool stop_ = false;
   bool woken_ = false;
 };
@@ -455,8 +448,6 @@ class ClientIo final : public FetchIo {
 
   double Now() const override { return Seconds(t0_, Clock::now()); }
   uint64_t Issue(uint32_t chunk, int level) override {
-    if (!issued_any_) first_issue_ = Clock::now();  // the estimator's origin (RateEstimator::Observe)
-    issued_any_ = true;
     std::shared_ptr<Ticket> t = fetcher_.Issue(chunk, static_cast<uint32_t>(level));
     tickets_[t->id] = t;
     return t->id;
@@ -469,7 +460,7 @@ class ClientIo final : public FetchIo {
     return it == tickets_.end() ? 0 : it->second->received.load();
   }
   uint64_t ReceivedTotal() const override { return fetcher_.received(); }
-  double BusySeconds() const override { return issued_any_ ? fetcher_.BusySeconds(first_issue_, Clock::now()) : 0; }
+  double BusySeconds() const override { return fetcher_.BusySeconds(Clock::now()); }
   void Forget(uint64_t request) override { frames_.erase(request); }
 
   bool DecoderHas(uint32_t chunk, bool from_backup) const override { return decoder_.Has(chunk, from_backup); }
@@ -577,8 +568,6 @@ class ClientIo final : public FetchIo {
   const ChunkCallback& on_chunk_;
   std::vector<uint32_t> chunk_start_;
   std::optional<FrameInfo> like_;
-  Clock::time_point first_issue_{};
-  bool issued_any_ = false;
   std::map<uint64_t, std::shared_ptr<Ticket>> tickets_;
   std::map<uint64_t, Frame> frames_;
   std::map<std::pair<uint32_t, bool>, DecodedChunk> decoded_;  // (chunk, from_backup)

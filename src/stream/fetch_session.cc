@@ -79,14 +79,24 @@ std::vector<InFlight> FetchSession::Backups() const {
 }
 
 // Decode time still ahead for chunks fetched (or to come from a backup)
-// and not decoded yet.
+// and not decoded yet, less what the running decode has done already: a
+// decode-bound fetch always has one half done, and counting it whole cost
+// a level on deadlines a few ms above the decode time.
 double FetchSession::PendingDecode() const {
   double s = 0;
+  bool running_seen = false;
   for (uint32_t c = next_deliver_; c < next_issue_; ++c) {
     const Chunk& k = chunks_[c];
     if (k.skipped || DecodedAhead(c)) continue;
-    if (k.ready) s += planner_.DecodeSeconds(c, k.issued_level);
-    else if (k.use_backup) s += planner_.DecodeSeconds(c, k.backup->level);
+    double chunk_s = 0;
+    if (k.ready) chunk_s = planner_.DecodeSeconds(c, k.issued_level);
+    else if (k.use_backup) chunk_s = planner_.DecodeSeconds(c, k.backup->level);
+    // The earliest chunk in the decoder is (nearly always) the one running.
+    if (!running_seen && decode_began_ >= 0 && io_->DecoderHas(c, !k.ready)) {
+      running_seen = true;
+      chunk_s -= std::min(chunk_s, io_->Now() - decode_began_);
+    }
+    s += chunk_s;
   }
   return s;
 }
@@ -322,6 +332,7 @@ const FetchSession::Arrival* FetchSession::FrameToDecode(uint32_t c) const {
 void FetchSession::StartDecode(uint32_t c, const Arrival& a) {
   const bool from_backup = !chunks_[c].ready;
   Discard(c);  // decoded from the other frame: not what is handed over
+  if (io_->DecoderIdle()) decode_began_ = io_->Now();
   io_->Submit(c, from_backup, a.request.id);
 }
 
@@ -350,6 +361,7 @@ void FetchSession::DecodeNext() {
 }
 
 void FetchSession::OnDecoded(uint32_t c, bool from_backup, const Status& status, const DecodeCost& cost) {
+  decode_began_ = io_->Now();  // the waiting decode, if any, runs from here
   if (c >= chunks_.size()) return;
   if (c < next_deliver_) {  // handed over or skipped meanwhile
     if (status.ok()) io_->Discard(c, from_backup);

@@ -49,8 +49,13 @@ class FetchIo {
   virtual uint64_t Received(uint64_t request) const = 0;
   // Bytes arrived for every request, abandoned ones included.
   virtual uint64_t ReceivedTotal() const = 0;
-  // Seconds since the first Issue during which some request was
-  // outstanding (the link had work).
+  // Seconds since the first Issue during which bytes flowed: requests were
+  // outstanding and one of them was receiving (from its first byte to its
+  // last). A wait for a first byte is a round trip, not the link's rate: a
+  // fetch that requests one frame at a time, or too few to cover the round
+  // trip, would read it as a slower link. A frame that came in one piece
+  // (a store that reports no progress) cannot tell its wait from its
+  // transfer: that wait counts, once the request finished. Non-decreasing.
   virtual double BusySeconds() const = 0;
   // The session needs a finished request's frame no more.
   virtual void Forget(uint64_t request) = 0;
@@ -184,6 +189,10 @@ class FetchSession {
   std::vector<Request> flight_;  // planned requests outstanding, in chunk order
   uint32_t next_issue_ = 0, next_deliver_ = 0;
   bool issued_any_ = false;
+  // When the decode running now began, as far as the session saw (a
+  // Submit to an idle decoder, or the report of the decode before it);
+  // < 0 before the first.
+  double decode_began_ = -1;
   StreamResult result_;
   std::array<double, kMaxChunkLevels> level_decoded_s_{}, level_decoded_tokens_{};
 };

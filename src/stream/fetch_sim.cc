@@ -10,6 +10,7 @@
 #include <random>
 
 #include "stream/fetch_session.h"
+#include "stream/link_clock.h"
 
 namespace cachegen::sim {
 
@@ -67,7 +68,7 @@ class SimIo final : public FetchIo {
   uint64_t Issue(uint32_t chunk, int level) override {
     const uint32_t transfer = link_.Send(now_ + rtt_s_, context_.chunks[chunk].level_bytes[level]);
     requests_.push_back({chunk, level, transfer});
-    SetActive(active_ + 1);
+    clock_.Issue(now_);  // index = the request's
     return requests_.size();
   }
   void Cancel(uint64_t request) override {
@@ -75,11 +76,11 @@ class SimIo final : public FetchIo {
     if (r.cancelled || r.reported) return;
     r.cancelled = true;
     link_.Cancel(r.transfer);
-    SetActive(active_ - 1);
+    FinishOnClock(request - 1, now_);
   }
   uint64_t Received(uint64_t request) const override { return link_.Received(requests_[request - 1].transfer); }
   uint64_t ReceivedTotal() const override { return link_.received_total(); }
-  double BusySeconds() const override { return busy_s_ + (active_ > 0 ? now_ - busy_since_ : 0); }
+  double BusySeconds() const override { return clock_.BusySeconds(now_); }
   void Forget(uint64_t) override {}
 
   bool DecoderHas(uint32_t chunk, bool from_backup) const override {
@@ -117,7 +118,7 @@ class SimIo final : public FetchIo {
               [&](size_t a, size_t b) { return link_.DoneAt(requests_[a].transfer) < link_.DoneAt(requests_[b].transfer); });
     for (size_t i : done) {
       requests_[i].reported = true;
-      SetActive(active_ - 1);
+      FinishOnClock(i, link_.DoneAt(requests_[i].transfer));
       session.OnArrived(i + 1, Status::Ok(), link_.Received(requests_[i].transfer));
     }
     while (running_ && running_end_ <= now_) {
@@ -148,17 +149,17 @@ class SimIo final : public FetchIo {
     bool cancelled = false;
     bool reported = false;
   };
+  // Request i ended at `at`: each of its packets is a progress report.
+  void FinishOnClock(size_t i, double at) {
+    const uint64_t received = link_.Received(requests_[i].transfer);
+    const auto pieces = static_cast<unsigned>((received + LinkTrace::kPacketBytes - 1) / LinkTrace::kPacketBytes);
+    clock_.Finish(i, at, link_.FirstByteAt(requests_[i].transfer), pieces);
+  }
   struct Job {
     uint32_t chunk = 0;
     bool from_backup = false;
     double seconds = 0;
   };
-  // The link is busy while a request is outstanding (Fetcher::BusySeconds).
-  void SetActive(int active) {
-    if (active_ == 0 && active > 0) busy_since_ = now_;
-    if (active_ > 0 && active == 0) busy_s_ += now_ - busy_since_;
-    active_ = active;
-  }
 
   const SimContext& context_;
   LinkQueue link_;
@@ -166,8 +167,7 @@ class SimIo final : public FetchIo {
   const DecodeTimes& decode_;
   double now_ = 0;
   std::vector<Request> requests_;  // id = index + 1
-  int active_ = 0;
-  double busy_s_ = 0, busy_since_ = 0;
+  LinkClock clock_;
   std::optional<Job> running_, waiting_;
   double running_end_ = 0;
   std::deque<Job> finished_;
@@ -217,6 +217,7 @@ SimOutcome SimulateFetch(const SimContext& context, const SimLink& link, const D
   out.recomputed = static_cast<uint32_t>(r.recompute.size());
   out.reissued = r.reissued;
   out.backups = r.backups;
+  out.bandwidth_bytes_s = r.bandwidth_bytes_s;
   return out;
 }
 

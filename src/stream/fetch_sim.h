@@ -44,6 +44,7 @@ struct SimOutcome {
   uint32_t recomputed = 0;  // chunks
   uint32_t reissued = 0;
   uint32_t backups = 0;
+  double bandwidth_bytes_s = 0;  // the client's estimate of the link at the end; 0 = none formed
   std::vector<int> levels;  // per chunk, -1 = recomputed
 };
 

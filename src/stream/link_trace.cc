@@ -112,6 +112,7 @@ void LinkQueue::AdvanceTo(double t_s) {
     const uint64_t take = std::min(need, passed - first);
     const uint64_t received = std::min(t.bytes, t.received + take * uint64_t{LinkTrace::kPacketBytes});
     received_total_ += received - t.received;
+    if (t.first_s < 0) t.first_s = TimeOf(first);
     t.received = received;
     next_packet_ = first + take;
     if (take < need) break;

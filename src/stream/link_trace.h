@@ -63,6 +63,8 @@ class LinkQueue {
   uint64_t received_total() const { return received_total_; }  // every transfer's
   bool Done(uint32_t id) const { return transfers_[id].done_s >= 0; }
   double DoneAt(uint32_t id) const { return transfers_[id].done_s; }  // < 0: not done
+  // When its first bytes arrived; < 0 before any.
+  double FirstByteAt(uint32_t id) const { return transfers_[id].first_s; }
   // When the next transfer will be done if nothing is sent or cancelled
   // meanwhile; infinity when none is queued.
   double NextDone() const;
@@ -76,6 +78,7 @@ class LinkQueue {
     uint64_t received = 0;
     double start_s = 0;
     double done_s = -1;
+    double first_s = -1;  // its first opportunity taken
   };
   // The first opportunity transfer `t` may take.
   uint64_t FirstPacketFor(const Transfer& t) const;

@@ -53,8 +53,11 @@ void LevelPlanner::OnProcessed(double seconds, int level, uint32_t tokens) {
     const double prior_s = PriorDecodeSeconds(level, tokens);
     if (prior_s > 0) {
       const double speed = seconds / prior_s;
-      prior_speed_ = prior_speed_seen_ ? options_.smoothing * speed + (1 - options_.smoothing) * prior_speed_ : speed;
-      prior_speed_seen_ = true;
+      // The prior counts as one sample; a running mean, then an EWMA of
+      // weight kSpeedSmoothing (planner.h, DecodeSeconds).
+      ++prior_speed_samples_;
+      const double w = std::max(1.0 / (prior_speed_samples_ + kTrustedSamples), kSpeedSmoothing);
+      prior_speed_ = w * speed + (1 - w) * prior_speed_;
     }
   }
 }
@@ -80,14 +83,16 @@ double LevelPlanner::ReceiveCost() const {
 double LevelPlanner::DecodeSeconds(uint32_t c, int level) const {
   const int l = Resolve(c, level);
   if (l < 0) return 0;
-  // One sample of a level is one noisy decode on a loaded machine; a level
-  // seen once or twice that happened to decode fast would draw a
-  // decode-bound plan to it. So a level's own time counts from
-  // kTrustedSamples on; before, the nearest such level's (finer first), or
-  // the time of every level seen (see planner.h).
+  // Where earlier fetches measured the levels, their times scaled by the
+  // machine's speed now, which every decode of this fetch measures. Else a
+  // level's own time, from kTrustedSamples on: one sample of a level is one
+  // noisy decode on a loaded machine, and a level seen once or twice that
+  // happened to decode fast would draw a decode-bound plan to it. Else the
+  // nearest such level's (finer first), or the time of every level seen
+  // (see planner.h).
   auto trusted = [&](int s) { return s >= 0 && s < levels_ && decode_seen_[s] >= kTrustedSamples; };
-  if (trusted(l)) return decode_s_[l];
   if (const double prior_s = PriorDecodeSeconds(l, chunks_[c].tokens); prior_s > 0) return prior_speed_ * prior_s;
+  if (trusted(l)) return decode_s_[l];
   for (int d = 1; d < levels_; ++d)
     for (int s : {l - d, l + d})
       if (trusted(s)) return decode_s_[s];
@@ -118,9 +123,10 @@ PlanMargins LevelPlanner::Margins(size_t decodes_ahead, bool decode_bound) const
   // to it, than one decode does (planner.h).
   const double ahead = std::sqrt(static_cast<double>(std::max<size_t>(decodes_ahead, 1)));
   if (decode_known) m.decode_safety = std::clamp(1 - z * cv / ahead, options_.safety, hi);
+  const double one_decode_s = decode_any_s_ > 0 ? decode_any_s_ : (chunks_.empty() ? 0 : DecodeSeconds(0, 0));
+  m.decodes_sd_s = cv * one_decode_s * ahead;
   // A decode-bound fetch ends with the decoder whatever the link's noise.
   if (decode_known && (link_known || decode_bound)) {
-    const double one_decode_s = decode_any_s_ > 0 ? decode_any_s_ : (chunks_.empty() ? 0 : DecodeSeconds(0, 0));
     const double decode_sd = cv * one_decode_s;
     const double link_sd = link_known ? link_.time_sd_s : 0;
     const double measured = z * std::sqrt(link_sd * link_sd + decode_sd * decode_sd) + kReserveFloor * options_.deadline_s;
@@ -256,10 +262,11 @@ Plan LevelPlanner::Solve(uint32_t first, double elapsed_s, uint64_t kept_bytes, 
     return plan;
   };
 
-  if (bandwidth_ <= 0) {  // unknown: probe at the finest level (see planner.h)
-    for (size_t k = 0; k < slots.size(); ++k) level[k] = slots[k].cur >= 0 ? slots[k].cur : Resolve(slots[k].c, 0);
-    return finish();
-  }
+  // While the link's rate is unknown the plan is the decoder's alone (the
+  // link taken as free): the probe is at the finest level the decoder
+  // leaves in time (see planner.h).
+  const bool link_known = bandwidth_ > 0;
+  const double link_bytes_s = link_known ? bandwidth_ : kFreeLinkBytesPerS;
   const double inf = std::numeric_limits<double>::infinity();
   // Decode-bound whatever the plan: every slot at its finest level still
   // crosses the link in under half the decode time at the coarsest.
@@ -269,10 +276,12 @@ Plan LevelPlanner::Solve(uint32_t first, double elapsed_s, uint64_t kept_bytes, 
     const int coarsest = s.cur >= 0 ? s.cur : Coarsest(s.c);
     if (coarsest >= 0) coarsest_decode_s += DecodeSeconds(s.c, coarsest);
   }
-  const bool decode_bound = finest_bytes / bandwidth_ + tail_s_ < 0.5 * coarsest_decode_s;
+  const bool decode_bound = finest_bytes / link_bytes_s + tail_s_ < 0.5 * coarsest_decode_s;
   const PlanMargins margins = Margins(slots.size(), decode_bound);
-  const double bw = bandwidth_ * margins.link_safety;
-  const double dsafety = margins.decode_safety;
+  // The plan derates each stage by half its margin; the escape keeps the
+  // whole margin for the tail (planner.h).
+  const double bw = link_bytes_s * (1 + margins.link_safety) / 2;
+  const double dsafety = (1 + margins.decode_safety) / 2;
   const double left = options_.deadline_s - margins.reserve_s - elapsed_s;
   const double rate = options_.recompute_tokens_per_s;
   auto recompute_s = [&](uint64_t tokens) {
@@ -354,6 +363,36 @@ Plan LevelPlanner::Solve(uint32_t first, double elapsed_s, uint64_t kept_bytes, 
       }
     }
   };
+  const int coarsest_uniform = std::max(levels_, 1) - 1;
+  // Escape (planner.h): the chunk requested now is made coarser, a level
+  // at a time, until both stages, with every later chunk at its coarsest,
+  // still end in the time left at their whole margins.
+  auto escape = [&](uint64_t* total, double* decode) {
+    const size_t k0 = n_inflight;
+    if (k0 >= slots.size() || level[k0] < 0) return;
+    const Slot& s0 = slots[k0];
+    double rest_bytes = static_cast<double>(kept_bytes), rest_s = committed_decode_s;
+    for (size_t k = 0; k < slots.size(); ++k) {
+      if (k == k0 || level[k] < 0) continue;
+      const int l = level_at(slots[k], coarsest_uniform);
+      rest_bytes += static_cast<double>(bytes_at(slots[k], l));
+      rest_s += decode_at(slots[k], l);
+    }
+    const double link_escape_bytes_s = link_bytes_s * margins.link_safety;
+    const double z = std::max(options_.spread_sigmas, 0.0);
+    auto late = [&](int l) {
+      const double link_s = (rest_bytes + static_cast<double>(bytes_at(s0, l))) / link_escape_bytes_s + tail_s_;
+      const double decode_s = rest_s + decode_at(s0, l) + z * margins.decodes_sd_s;
+      return std::max(link_s, decode_s) > left - forced_s;
+    };
+    while (late(level[k0])) {
+      const int coarser = level_at(s0, level[k0] + 1);
+      if (coarser <= level[k0]) break;
+      *total = *total - bytes_at(s0, level[k0]) + bytes_at(s0, coarser);
+      *decode += decode_at(s0, coarser) - decode_at(s0, level[k0]);
+      level[k0] = coarser;
+    }
+  };
   // Uniform level L: bytes and decode time of every slot.
   auto uniform = [&](int L, uint64_t* total, double* decode) {
     *total = 0;
@@ -369,7 +408,6 @@ Plan LevelPlanner::Solve(uint32_t first, double elapsed_s, uint64_t kept_bytes, 
     for (size_t k = 0; k < slots.size(); ++k)
       if (level[k] != -2) level[k] = level_at(slots[k], L);
   };
-  const int coarsest_uniform = std::max(levels_, 1) - 1;
   for (int L = 0; L <= coarsest_uniform; ++L) {
     uint64_t total = 0;
     double decode = 0;
@@ -377,6 +415,7 @@ Plan LevelPlanner::Solve(uint32_t first, double elapsed_s, uint64_t kept_bytes, 
     if (static_cast<double>(total) > byte_budget || decode > decode_budget) continue;
     apply(L);
     if (L > 0) upgrade(byte_budget - static_cast<double>(total), decode_budget - decode, &total, &decode);
+    escape(&total, &decode);
     plan.feasible = true;
     plan.expected_s = expected(total, decode, forced_tokens);
     // Hedging (planner.h): backups of the coarsest level for the latest
@@ -409,7 +448,7 @@ Plan LevelPlanner::Solve(uint32_t first, double elapsed_s, uint64_t kept_bytes, 
     // and the median later than the client without them).
     const bool link_bound = static_cast<double>(kept_bytes + total) / bw + tail_s_ >=
                             (committed_decode_s + decode) / dsafety;
-    const bool exposed = options_.hedge && options_.hedge_drop > 1 && link_bound &&
+    const bool exposed = options_.hedge && options_.hedge_drop > 1 && link_known && link_bound &&
                          coarse / (bandwidth_ / options_.hedge_drop) + tail_s_ > left - forced_s;
     for (size_t k = slots.size(); exposed && k-- > n_inflight;) {
       const Slot& s = slots[k];

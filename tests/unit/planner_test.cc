@@ -1,5 +1,6 @@
 // LevelPlanner: level choice against deadlines, upgrades, recompute fallback.
 #include "stream/planner.h"
+#include "stream/link_clock.h"
 
 #include <gtest/gtest.h>
 
@@ -33,7 +34,20 @@ TEST(Planner, UnknownBandwidthProbesFinest) {
   Plan plan = p.Replan(0, 0, 0);
   ASSERT_EQ(plan.decisions.size(), 4u);
   for (auto d : plan.decisions) EXPECT_EQ(d.level, 0);
-  EXPECT_FALSE(plan.feasible);
+  EXPECT_TRUE(plan.hedge.empty());
+}
+
+TEST(Planner, UnknownBandwidthStillPlansTheDecoder) {
+  // The link's rate is unknown, the decoder's time is not: 4 chunks decode
+  // in 25.6 ms each at level 0 and 20.5 ms at level 3. 90 ms do not hold
+  // 4 level-0 decodes, so the probe is not at level 0 whatever the link.
+  PlannerOptions o = Opts(0.09);
+  o.decode_s_per_token = 1e-4;
+  o.level_decode_s_per_token = {1e-4, 0.95e-4, 0.9e-4, 0.8e-4};
+  const Plan tight = LevelPlanner(Chunks(4), o).Replan(0, 0, 0);
+  EXPECT_EQ(tight.decisions[0].level, 2);
+  o.deadline_s = 0.11;
+  for (auto d : LevelPlanner(Chunks(4), o).Replan(0, 0, 0).decisions) EXPECT_EQ(d.level, 0);
 }
 
 TEST(Planner, LooseDeadlineGivesFinest) {
@@ -198,16 +212,22 @@ TEST(Planner, PerLevelDecodePriorScaledToThisFetchsSpeed) {
   LevelPlanner p(Chunks(4), o);
   EXPECT_DOUBLE_EQ(p.DecodeSeconds(0, 3), 256 * 0.8e-5) << "the prior before any chunk";
   EXPECT_DOUBLE_EQ(p.DecodeSeconds(0, 1), 256 * 1e-5) << "no prior for the level: decode_s_per_token";
-  // This fetch's machine is twice as slow as the prior's (2 x 256 x 1e-5 =
-  // 5.12 ms a level-0 chunk): level 3 keeps its ratio to level 0.
+  // This fetch's first decode ran twice as slow as the prior's (2 x 256 x
+  // 1e-5 = 5.12 ms a level-0 chunk): the speed is the mean of that and the
+  // prior counted as 3 decodes (1.25), and level 3 keeps its ratio to
+  // level 0.
   p.OnProcessed(0.00512, 0, 256);
-  EXPECT_NEAR(p.DecodeSeconds(1, 3), 2 * 256 * 0.8e-5, 1e-12);
+  EXPECT_NEAR(p.DecodeSeconds(1, 3), 1.25 * 256 * 0.8e-5, 1e-12);
   EXPECT_DOUBLE_EQ(p.DecodeSeconds(1, 1), 0.00512) << "no prior: the time seen";
-  // A level seen 3 times in this fetch has its own time.
-  p.OnProcessed(0.003, 3, 256);
-  p.OnProcessed(0.003, 3, 256);
-  p.OnProcessed(0.003, 3, 256);
-  EXPECT_DOUBLE_EQ(p.DecodeSeconds(1, 3), 0.003);
+  // A level with a prior keeps it, scaled by every decode's speed, however
+  // often it was seen: 3 decodes at level 3, each 0.003 / 0.002048 times
+  // the prior.
+  double speed = 1.25;
+  for (int seen = 2; seen <= 4; ++seen) {
+    p.OnProcessed(0.003, 3, 256);
+    speed += (0.003 / (256 * 0.8e-5) - speed) / (seen + 3);
+  }
+  EXPECT_NEAR(p.DecodeSeconds(1, 3), speed * 256 * 0.8e-5, 1e-12);
   // Chunks of other sizes scale by their tokens; a chunk processed without
   // its tokens does not move the speed.
   const double before = p.DecodeSeconds(1, 0);
@@ -342,6 +362,42 @@ TEST(Planner, ReissueOnlyToCoarserAndCheaperLevels) {
   Plan t = tight.Replan(1, 0, f0);
   EXPECT_TRUE(t.feasible);
   EXPECT_GE(t.reissue[0], 2);
+}
+
+TEST(LinkClock, LeavesTheRoundTripOutOnceMeasured) {
+  LinkClock clock;
+  // The first request: its 20 ms wait for a first byte is not known to be a
+  // round trip yet, so all 40 ms count.
+  const size_t a = clock.Issue(0);
+  EXPECT_DOUBLE_EQ(clock.BusySeconds(0.010), 0.010);
+  clock.Finish(a, 0.040, 0.020, 100);
+  EXPECT_DOUBLE_EQ(clock.latency_s(), 0.020);
+  EXPECT_DOUBLE_EQ(clock.BusySeconds(0.050), 0.040) << "nothing outstanding: idle";
+  // The next ones count from their round trip on; overlaps count once.
+  const size_t b = clock.Issue(0.050);
+  EXPECT_DOUBLE_EQ(clock.BusySeconds(0.060), 0.040);
+  const size_t c = clock.Issue(0.075);
+  EXPECT_DOUBLE_EQ(clock.BusySeconds(0.080), 0.050);
+  clock.Finish(b, 0.100, 0.070, 50);
+  clock.Finish(c, 0.110, 0.100, 50);
+  EXPECT_DOUBLE_EQ(clock.BusySeconds(0.200), 0.040 + 0.040);
+  // A stall after the round trip is a slower link: it stays busy.
+  const size_t d = clock.Issue(0.200);
+  EXPECT_DOUBLE_EQ(clock.BusySeconds(0.300), 0.080 + 0.080);
+  clock.Finish(d, 0.300, 0.290, 10);
+  EXPECT_DOUBLE_EQ(clock.latency_s(), 0.020) << "the least wait";
+}
+
+TEST(LinkClock, OnePieceTellsNoRoundTrip) {
+  LinkClock clock;
+  // A store that reports no progress, or a frame in one piece: the wait
+  // cannot be told from the transfer, and the latency stays unknown (0).
+  clock.Finish(clock.Issue(0), 0.030, 0.030, 1);
+  clock.Finish(clock.Issue(0.030), 0.060, -1, 0);
+  EXPECT_DOUBLE_EQ(clock.latency_s(), 0);
+  EXPECT_DOUBLE_EQ(clock.BusySeconds(0.060), 0.060);
+  clock.Finish(9, 1.0, 0.5, 3);  // no such request: ignored
+  EXPECT_DOUBLE_EQ(clock.BusySeconds(0.060), 0.060);
 }
 
 TEST(RateEstimator, SteadyRateFromTheLongWindow) {
@@ -597,15 +653,18 @@ TEST(Planner, DecodeSpreadFromEarlierFetchesSetsTheMarginsFromTheStart) {
   o.decode_s_per_token = 1e-5;  // 2.56 ms a chunk
   o.decode_cv = 0.1;            // an earlier fetch's
   const LevelPlanner p(Chunks(16), o);
-  // 16 decodes ahead: their sum spreads a quarter of one decode's 10 %.
+  // 16 decodes ahead: their sum spreads a quarter of one decode's 10 %
+  // (a plan derates by half of that margin, the escape by all of it).
   EXPECT_NEAR(p.Margins(16).decode_safety, 1 - 2 * 0.1 / 4, 1e-12);
+  EXPECT_NEAR(p.Margins(16).decodes_sd_s, 0.1 * 0.00256 * 4, 1e-15);
   EXPECT_DOUBLE_EQ(p.Margins(1).decode_safety, 0.9) << "never below safety";
   // The link's spread is unknown: the configured reserve, unless the fetch
   // is decode-bound, where the decoder's spread sizes it.
   EXPECT_DOUBLE_EQ(p.Margins(16).reserve_s, 0.05);
   EXPECT_NEAR(p.Margins(16, true).reserve_s, 2 * 0.1 * 0.00256 + 0.005, 1e-12);
   // A 16 MB context at 1 GB/s takes 16 ms of link against 41 ms of decode:
-  // decode-bound, so level 0 fits 45 ms (41 / 0.95 + 0.5 ms of reserve).
+  // decode-bound, so level 0 fits 45 ms (41 / 0.975 + 0.7 ms of reserve;
+  // the escape: 41 + 2 x 1 ms of the decodes' spread).
   LevelPlanner q(Chunks(16), [&] {
     PlannerOptions x = o;
     x.deadline_s = 0.045;
@@ -623,6 +682,24 @@ TEST(Planner, DecodeSpreadFromEarlierFetchesSetsTheMarginsFromTheStart) {
     return x;
   }());
   EXPECT_FALSE(r.Replan(0, 0, 0).feasible);
+}
+
+TEST(Planner, EscapeKeepsTheTailRecoverable) {
+  // 4 chunks; level 0 decodes in 25.6 ms, level 3 in 20.5 ms; a fast link.
+  // 105 ms hold 4 level-0 decodes (102.4 ms), and the plan takes level 0.
+  // With a decode spread of 20 % the sum of 4 decodes spreads 10.2 ms: the
+  // chunk requested now must leave the 3 others room at level 3 and 2 of
+  // those standard deviations (61.4 + 20.5 ms), so it is requested at
+  // level 2 (23.0 ms); the later ones are still planned at level 0.
+  PlannerOptions o = Opts(0.105, 1e9);
+  o.decode_s_per_token = 1e-4;
+  o.level_decode_s_per_token = {1e-4, 0.95e-4, 0.9e-4, 0.8e-4};
+  const Plan sure = LevelPlanner(Chunks(4), o).Replan(0, 0, 0);
+  for (auto d : sure.decisions) EXPECT_EQ(d.level, 0);
+  o.decode_cv = 0.2;
+  const Plan spread = LevelPlanner(Chunks(4), o).Replan(0, 0, 0);
+  EXPECT_EQ(spread.decisions[0].level, 2);
+  for (size_t i = 1; i < 4; ++i) EXPECT_EQ(spread.decisions[i].level, 0) << i;
 }
 
 TEST(Planner, HedgesTheLatestChunksFromSpareSlackOnly) {

@@ -49,6 +49,22 @@ TEST(StreamSim, FixedLevelOnAConstantLinkTakesItsTransferAndDecodes) {
   EXPECT_LE(out.total_s, model_s * 1.25);
 }
 
+TEST(StreamSim, RateEstimateLeavesTheRoundTripOut) {
+  // 4 chunks of 2 MB, one request at a time, over a constant 100 MB/s link
+  // 20 ms away: each waits 20 ms for its first byte and then takes 20 ms.
+  // Counted as link time, the waits would halve the estimate.
+  SimContext c = SmallContext(0);
+  c.chunks.resize(4);
+  for (PlanChunk& chunk : c.chunks) chunk.level_bytes = {2000000, 1500000, 1000000, 500000};
+  const LinkTrace link = LinkTrace::Constant(100e6);
+  StreamOptions o;
+  o.deadline_ms = 1000;
+  o.inflight = 1;
+  const SimOutcome out = SimulateFetch(c, {&link, 0, 0.020}, MeanDecodeTimes(c), o);
+  EXPECT_TRUE(out.met);
+  EXPECT_NEAR(out.bandwidth_bytes_s, 100e6, 5e6);
+}
+
 TEST(StreamSim, OracleIsNoWorseThanAnyFixedLevel) {
   const SimContext c = SmallContext(0);  // no noise: the oracle's plan scores as planned
   auto trace = LinkTrace::Parse("1\n1\n1\n5\n9\n9\n10\n", 10);  // bursty: 7 packets in 1 ms
@@ -135,8 +151,8 @@ TEST(StreamSim, ClientOnTheSharedTraces) {
   EXPECT_GT(a.feasible, 100u);
   EXPECT_GE(a.met_of_feasible, 0.98);
   EXPECT_GT(a.met_of_feasible, p.met_of_feasible);
-  EXPECT_LE(a.kl_vs_oracle, 6.0);
-  EXPECT_GE(a.not_worse_than_best_fixed, 0.15);
+  EXPECT_LE(a.kl_vs_oracle, 3.0);
+  EXPECT_GE(a.not_worse_than_best_fixed, 0.5);
   // Deterministic: the same seed gives the same table.
   Result<SimTable> again = RunSimTable(spec);
   ASSERT_TRUE(again.ok());
