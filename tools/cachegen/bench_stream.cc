@@ -409,7 +409,9 @@ const bool kRegistered = RegisterCommand(45, [](CLI::App& root) -> CommandRunner
   sub->add_option("--synthetic", a->synthetic, "Context L,H,D,T[,seed]")->capture_default_str();
   sub->add_option("--chunk-tokens", a->chunk_tokens, "Tokens per chunk")->capture_default_str();
   sub->add_option("--levels", a->levels, "Quality levels")->capture_default_str();
-  sub->add_option("--inflight", a->inflight, "Requests in flight")->capture_default_str();
+  sub->add_option("--inflight", a->inflight, "Requests in flight (the simulated client's too)")
+      ->check(CLI::Range(1u, 1024u))
+      ->capture_default_str();
   sub->add_option("--traces", a->traces, "Links to run: 0.1gbit, 1gbit, 10gbit, drop (1 -> 0.1 Gbit/s)")
       ->capture_default_str();
   sub->add_option("--reps", a->reps, "Runs of every client per row (interleaved; rows report medians)")
@@ -432,7 +434,7 @@ const bool kRegistered = RegisterCommand(45, [](CLI::App& root) -> CommandRunner
   return [sub, a]() -> std::optional<int> {
     if (!*sub) return std::nullopt;
     if (!a->sim.make_context.empty()) return RunMakeContext(a->sim);
-    if (a->sim.simulate) return RunSimulation(a->sim, a->factors);
+    if (a->sim.simulate) return RunSimulation(a->sim, a->factors, a->inflight);
     return RunBenchStream(*a);
   };
 });

@@ -114,7 +114,7 @@ void AddSimulateOptions(CLI::App* sub, SimulateArgs* a) {
       ->capture_default_str();
 }
 
-int RunSimulation(const SimulateArgs& a, const std::string& factors) {
+int RunSimulation(const SimulateArgs& a, const std::string& factors, uint32_t inflight) {
   sim::SimTableSpec spec;
   spec.traces = a.traces.empty() ? FilesIn(kSharedTraces, ".down") : a.traces;
   if (spec.traces.empty())
@@ -138,6 +138,7 @@ int RunSimulation(const SimulateArgs& a, const std::string& factors) {
   spec.trials = a.trials;
   spec.seed = a.seed;
   spec.recompute_tokens_per_s = a.recompute_tps;
+  spec.client.inflight = inflight;
   Result<sim::SimTable> t = sim::RunSimTable(spec);
   if (!t.ok()) return Fail(t.status());
   if (a.json) PrintJson(*t);

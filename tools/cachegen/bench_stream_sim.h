@@ -32,7 +32,9 @@ struct SimulateArgs {
 // Adds --simulate's and --make-context's options to bench-stream; `factors`
 // is shared with the end-to-end benchmark's --deadline-factors.
 void AddSimulateOptions(CLI::App* app, SimulateArgs* args);
-int RunSimulation(const SimulateArgs& args, const std::string& factors);
+// `inflight`: requests in flight of every simulated client (adaptive,
+// published, fixed levels).
+int RunSimulation(const SimulateArgs& args, const std::string& factors, uint32_t inflight);
 int RunMakeContext(const SimulateArgs& args);
 
 }  // namespace cachegen::cli
