@@ -49,13 +49,10 @@ class FetchIo {
   virtual uint64_t Received(uint64_t request) const = 0;
   // Bytes arrived for every request, abandoned ones included.
   virtual uint64_t ReceivedTotal() const = 0;
-  // Seconds since the first Issue during which bytes flowed: requests were
-  // outstanding and one of them was receiving (from its first byte to its
-  // last). A wait for a first byte is a round trip, not the link's rate: a
-  // fetch that requests one frame at a time, or too few to cover the round
-  // trip, would read it as a slower link. A frame that came in one piece
-  // (a store that reports no progress) cannot tell its wait from its
-  // transfer: that wait counts, once the request finished. Non-decreasing.
+  // Seconds the link had work, less each request's round trip (LinkClock:
+  // the union over requests of [issued + round trip, finished]), so that a
+  // fetch requesting one frame at a time does not read its round trips as
+  // a slower link. Non-decreasing.
   virtual double BusySeconds() const = 0;
   // The session needs a finished request's frame no more.
   virtual void Forget(uint64_t request) = 0;

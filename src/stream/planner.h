@@ -46,12 +46,10 @@
 // a level at a time, until both stages, with every later chunk at its
 // coarsest, still end in the time left at their whole margins (the link at
 // its whole derating, the decoder z standard deviations of the sum of the
-// decodes ahead before it). The plan is
-// made again after every chunk, so the tail is where the whole margin is
-// needed: a later chunk can still be coarser than planned. In the streaming simulation's decode-bound rows
-// (S = 10000, deadlines a few ms above the level-0 decode time) the whole
-// margin on every plan gave mean levels 0.27-0.78 and, over the table, 2.60x
-// the oracle's KL; with the escape 0.20-0.65 and 2.33x, deadlines met alike.
+// decodes ahead before it). The plan is made again after every chunk, so
+// the tail is where the whole margin is needed: a later chunk can still be
+// coarser than planned. The whole margin on every plan cost a level on
+// deadlines a few ms above the level-0 decode time (docs/results/service.md).
 //
 // Requests in flight. A request issued at a level chosen for the old rate can
 // strand the transfer when the rate falls (a chunk requested at 1 Gbit/s takes
@@ -221,7 +219,7 @@ class LevelPlanner {
   // - where PlannerOptions::level_decode_s_per_token has the level:
   //   that x the chunk's tokens x the machine's speed now (the ratio of the
   //   times this fetch saw to that prior, averaged over every level's
-  //   decodes, the prior counting as one: 1 before any). A
+  //   decodes, the prior counting as kTrustedSamples: 1 before any). A
   //   coarse level decodes a little faster than a fine one (fewer bits to
   //   entropy-decode: measured on the 2-core VM, 16 chunks at level 3 took
   //   4-6 ms less than at level 0, of about 60), which decides deadlines a
@@ -357,8 +355,9 @@ class LevelPlanner {
   int decode_samples_ = 0;
   double prior_speed_ = 1;           // smoothed (decode time seen / per-level prior)
   int prior_speed_samples_ = 0;
-  // The machine speed's EWMA weight once 1/kSpeedSmoothing - 1 decodes
-  // were seen (a running mean before, the prior counted as one): one
+  // The machine speed's EWMA weight once it is at least 1 / (decodes seen +
+  // kTrustedSamples) (a running mean before, the prior counted as
+  // kTrustedSamples decodes): one
   // decode's time spreads by about 12 % on the 2-core VM, and at weight
   // 0.5 the estimate spread 7 %, correlated over every decode still ahead;
   // at 0.1 it spreads 3 % and still follows a change of the machine's load
