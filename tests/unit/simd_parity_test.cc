@@ -542,7 +542,8 @@ TEST_F(SimdParity, ProfileSectionsDecodeIdenticallyOnTheFusedPath) {
 // symbols, levels and reconstructions bit for bit, for every codebook size,
 // row lengths around the 8-lane blocks, values far outside the codebook,
 // zeros of both signs and exact ties between candidates (integer levels,
-// zero costs: the smaller magnitude wins).
+// zero costs: the smaller magnitude wins). The choice itself is checked in
+// SectionKernels.LloydChoiceIsTheLeastCost.
 TEST_F(SimdParity, LloydRowMatchesScalar) {
   std::mt19937_64 rng(17);
   std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
@@ -555,8 +556,14 @@ TEST_F(SimdParity, LloydRowMatchesScalar) {
         for (uint32_t u = 1; u <= 2 * M; ++u)
           levels[u] = static_cast<float>(UnZigZag(u)) + (ties ? 0.0f : 0.4f * unit(rng));
         for (float& c : cost) c = ties ? 0.0f : 0.3f * std::abs(unit(rng));
-        std::vector<int32_t> cost_at(n);
-        for (uint32_t c = 0; c < n; ++c) cost_at[c] = static_cast<int32_t>((rng() % 3) * (2 * M + 3));
+        // Each channel takes one of three rate terms' thresholds.
+        std::vector<float> unit_thr(3 * 2 * (M + 1)), thr(2 * (M + 1) * size_t{n});
+        for (uint32_t unit = 0; unit < 3; ++unit)
+          LloydThresholds(levels.data(), M, &cost[unit * (2 * M + 3)], &unit_thr[unit * 2 * (M + 1)]);
+        for (uint32_t c = 0; c < n; ++c) {
+          const uint32_t unit = rng() % 3;
+          for (uint32_t i = 0; i < 2 * (M + 1); ++i) thr[i * n + c] = unit_thr[unit * 2 * (M + 1) + i];
+        }
         std::vector<float> row(n), pred(n), st(n), inv(n);
         for (uint32_t c = 0; c < n; ++c) {
           st[c] = 0.05f + std::abs(unit(rng));
@@ -568,8 +575,7 @@ TEST_F(SimdParity, LloydRowMatchesScalar) {
           row[c] = rng() % 16 == 0 ? pred[c] : pred[c] + steps * st[c];
           if (variant == 2 && c % 5 == 0) row[c] = -0.0f, pred[c] = 0.0f;
         }
-        const LloydRowInput in{row.data(), pred.data(), st.data(), inv.data(), n, levels.data(), M, cost.data(),
-                               cost_at.data()};
+        const LloydRowInput in{row.data(), pred.data(), st.data(), inv.data(), n, levels.data(), M, thr.data(), n};
         std::vector<int32_t> q0(n), q1(n);
         std::vector<float> rec0(n), rec1(n), lev0(n), lev1(n);
         LloydRowScalar(in, q0.data(), rec0.data(), lev0.data());

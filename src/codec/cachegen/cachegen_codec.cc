@@ -461,10 +461,12 @@ class CacheGenCodec final : public Codec {
     for (uint32_t i = 0; i < n; ++i) factors[i] = factor(i);
     CG_RETURN_IF_ERROR(MemoDeltas(a, factors, sample_every, cfg.threads, memo));
     const std::vector<uint8_t>& deltas = memo->deltas;
-    // Bits per value of the sections quantized into qs at log_step.
-    auto bits_at = [&](double log_step, uint32_t every, std::vector<QuantizedSection>* qs) -> Result<double> {
+    // Bits per value of the sections quantized into qs at log_step (with
+    // the codebooks of `near`'s full-data quantizations where given).
+    auto bits_at = [&](double log_step, uint32_t every, std::vector<QuantizedSection>* qs,
+                       const std::vector<QuantizedSection>* near = nullptr) -> Result<double> {
       CG_RETURN_IF_ERROR(ParallelFor(n, cfg.threads, [&](uint64_t i) {
-        a[i]->QuantizeStreams(step_at(log_step, uint32_t(i)), deltas[i], every, &(*qs)[i]);
+        a[i]->QuantizeStreams(step_at(log_step, uint32_t(i)), deltas[i], every, &(*qs)[i], near ? &(*near)[i] : nullptr);
         return Status::Ok();
       }));
       double total = frame_bytes;
@@ -518,13 +520,13 @@ class CacheGenCodec final : public Codec {
     const double sampled_bits = f0 + sampled_target;
 
     // The full data at x0, then corrections along the sampled slope and by
-    // secant; q keeps the best point.
+    // secant, which reuse the codebooks learned at x0; q keeps the best point.
     CG_ASSIGN_OR_RETURN(const double full0, bits_at(x0, 1, q));
     memo->bias = sampled_bits / full0;
     double xa = x0, fa = full0 - target_bits, best = fa;
     for (int iter = 0; iter < 2 && std::abs(best) > kFullTolerance * target_bits; ++iter) {
       const double xb = std::clamp(xa - fa / slope, std::max(-20.0, xa - 4), std::min(20.0, xa + 4));
-      CG_ASSIGN_OR_RETURN(double fb, bits_at(xb, 1, spare));
+      CG_ASSIGN_OR_RETURN(double fb, bits_at(xb, 1, spare, q));
       fb -= target_bits;
       if (std::abs(fb) < std::abs(best)) {
         best = fb;

@@ -141,6 +141,33 @@ struct SectionAnalysis::LloydStats {
   }
 };
 
+void SectionAnalysis::LloydTables::Build(const Codebook& cb, uint32_t C, uint32_t head_dim, uint32_t stream_kinds) {
+  const uint32_t M = cb.levels, per_unit = 2 * M + 3, per_side = M + 1;
+  levels.resize(cb.LevelsSize(C));
+  cb.AllLevels(C, levels.data());
+  thr.resize(size_t{stream_kinds} * 2 * per_side * C);
+  // Channels of one codebook group and one rate term (a head's, or a channel
+  // class's) share their thresholds: each pair is built once.
+  const size_t units = cb.cost.size() / per_unit;
+  std::vector<float> unit_thr(units * 2 * per_side);
+  std::vector<uint32_t> built_for(units);
+  for (uint32_t kind = 0; kind < stream_kinds; ++kind) {
+    std::fill(built_for.begin(), built_for.end(), ~0u);
+    float* out = thr.data() + size_t{kind} * 2 * per_side * C;
+    for (uint32_t c = 0; c < C; ++c) {
+      const uint32_t group = c / cb.group_channels;
+      const float* cost = cb.Cost(std::min(kind, cb.kinds - 1), c, c / head_dim, C);
+      const size_t unit = static_cast<size_t>(cost - cb.cost.data()) / per_unit;
+      float* t = &unit_thr[unit * 2 * per_side];
+      if (built_for[unit] != group) {
+        LloydThresholds(levels.data() + cb.LevelOffset(kind, c), M, cost, t);
+        built_for[unit] = group;
+      }
+      for (uint32_t i = 0; i < 2 * per_side; ++i) out[size_t{i} * C + c] = t[i];
+    }
+  }
+}
+
 void SectionAnalysis::QuantizeRowLloyd(const Codebook& cb, const LloydTables& t, const float* row, const float* pred,
                                        const float* st, const float* inv, bool is_delta, int32_t* q, float* rec,
                                        float* level, LloydStats* stats) const {
@@ -149,7 +176,7 @@ void SectionAnalysis::QuantizeRowLloyd(const Codebook& cb, const LloydTables& t,
   for (uint32_t c0 = 0; c0 < C;) {  // runs of channels sharing a codebook
     const uint32_t group = c0 / G, c1 = std::min(C, (group + 1) * G);
     const LloydRowInput in{row + c0, pred + c0, st + c0, inv + c0, c1 - c0, t.levels.data() + cb.LevelOffset(kind, c0),
-                           M, cb.cost.data(), t.cost_at.data() + size_t{kind} * C + c0};
+                           M, t.thr.data() + size_t{kind} * 2 * (M + 1) * C + c0, C};
     LloydRow(in, q + c0, rec + c0, level + c0);
     c0 = c1;
   }
@@ -261,7 +288,12 @@ Codebook SectionAnalysis::Learn(float step, bool use_delta, uint32_t sample_ever
   // Keep the codebook only when it lowers distortion + lambda * rate (side
   // bytes included) against plain rounding at this step: at high rates the
   // centroids sit near the bin centres and the codebook would be overhead.
-  const double j_lloyd = st.distortion + kLloydLambda * (st.EntropyBits() + 8.0 * double(cb.bytes(C)));
+  // The passes saw one token group in sample_every, so the codebook's bytes
+  // count in that share: the whole section pays them once.
+  const uint32_t G = use_delta ? layout_.group_tokens : 1;
+  const uint32_t groups = (layout_.quantized_tokens() + G - 1) / G;
+  const double seen = groups ? double((groups + sample_every - 1) / sample_every) / groups : 1.0;
+  const double j_lloyd = st.distortion + kLloydLambda * (st.EntropyBits() + 8.0 * double(cb.bytes(C)) * seen);
   if (!(j_lloyd < j_uniform)) return Codebook{};
   return cb;
 }
@@ -376,15 +408,7 @@ void SectionAnalysis::Quantize(float step, bool use_delta, uint32_t sample_every
   std::vector<float> anchor(C), st(C), inv(C), rec(kNeedRec ? C : 0), lloyd_rec(cb ? C : 0), level(cb ? C : 0);
   std::vector<int32_t> q(C);
   LloydTables lloyd;
-  if (cb && cb->levels) {  // the codebook's levels, and where each channel's rate term is, per stream kind
-    lloyd.levels.resize(cb->LevelsSize(C));
-    cb->AllLevels(C, lloyd.levels.data());
-    lloyd.cost_at.resize(2 * size_t{C});
-    for (uint32_t kind = 0; kind < 2; ++kind)
-      for (uint32_t c = 0; c < C; ++c)
-        lloyd.cost_at[size_t{kind} * C + c] =
-            static_cast<int32_t>(cb->Cost(std::min(kind, cb->kinds - 1), c, c / l.head_dim, C) - cb->cost.data());
-  }
+  if (cb && cb->levels) lloyd.Build(*cb, C, l.head_dim, use_delta && G > 1 ? 2 : 1);
   std::vector<uint32_t> sym(C);
   float st_for = -1;
   for (uint32_t g0 = 0, gi = 0; g0 < tq; g0 += G, ++gi) {
@@ -421,7 +445,8 @@ double SectionAnalysis::EstimateBytes(float step, bool use_delta, uint32_t sampl
   return q.bytes;
 }
 
-double SectionAnalysis::FillStreams(float step, bool use_delta, uint32_t sample_every, QuantizedSection* q) const {
+double SectionAnalysis::FillStreams(float step, bool use_delta, uint32_t sample_every, QuantizedSection* q,
+                                    const QuantizedSection* near) const {
   const SectionLayout& l = layout_;
   const uint32_t H = l.kv_heads, D = l.head_dim, tq = l.quantized_tokens();
   const uint32_t G = use_delta ? l.group_tokens : 1;
@@ -433,7 +458,13 @@ double SectionAnalysis::FillStreams(float step, bool use_delta, uint32_t sample_
   // codebook: centroids and their counts need far fewer values than a large
   // section has, and learning takes three passes over what it reads.
   const uint64_t learn_every = uint64_t{(tq + G - 1) / G} * D / kLearnValues;
-  q->cb = Learn(step, use_delta, sample_every > 1 ? sample_every : static_cast<uint32_t>(std::max<uint64_t>(1, learn_every)));
+  const internal::ProfileData* prof = l.profile;
+  if (near && near->sample_every == 1 && near->use_delta == use_delta &&
+      (!prof || prof->GridIndex(near->step) == prof->GridIndex(step)))
+    q->cb = near->cb;
+  else
+    q->cb = Learn(step, use_delta,
+                  sample_every > 1 ? sample_every : static_cast<uint32_t>(std::max<uint64_t>(1, learn_every)));
   q->counts.clear();  // stale once the symbols change
   // Rows of each stream kind in the sampled groups (Quantize's order).
   size_t rows[2] = {0, 0};
@@ -467,8 +498,9 @@ double SectionAnalysis::FillStreams(float step, bool use_delta, uint32_t sample_
   return sampled ? double(groups) / sampled : 1.0;
 }
 
-void SectionAnalysis::QuantizeStreams(float step, bool use_delta, uint32_t sample_every, QuantizedSection* q) const {
-  const double scale = FillStreams(step, use_delta, sample_every, q);
+void SectionAnalysis::QuantizeStreams(float step, bool use_delta, uint32_t sample_every, QuantizedSection* q,
+                                      const QuantizedSection* near) const {
+  const double scale = FillStreams(step, use_delta, sample_every, q, near);
   const uint32_t H = layout_.kv_heads;
   const int g = layout_.profile ? layout_.profile->GridIndex(step) : -1;
   // A sample's counts are scaled up to the whole section before the estimate,

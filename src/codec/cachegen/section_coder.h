@@ -154,8 +154,13 @@ class SectionAnalysis {
   double MeasureMse(float step, bool use_delta) const;
 
   // Quantizes at `step` (one token group in `sample_every`) into q, reusing
-  // its buffers, and estimates the section's size.
-  void QuantizeStreams(float step, bool use_delta, uint32_t sample_every, QuantizedSection* q) const;
+  // its buffers, and estimates the section's size. With `near` (a full-data
+  // quantization at a nearby step, same delta choice), its codebook is
+  // reused instead of learning one when both steps take the same profile
+  // grid point: a codebook's levels are in units of the step, and rate
+  // control's corrections move the step by a few percent.
+  void QuantizeStreams(float step, bool use_delta, uint32_t sample_every, QuantizedSection* q,
+                       const QuantizedSection* near = nullptr) const;
   // Writes the section payload; side_bytes receives the side-information share.
   void Encode(float step, bool use_delta, std::vector<uint8_t>* out, uint32_t* side_bytes) const;
   // The same from a full-data quantization (q.sample_every == 1).
@@ -171,7 +176,8 @@ class SectionAnalysis {
  private:
   struct LloydStats;
   // Quantizes into q's streams; returns the factor from the sampled groups to all.
-  double FillStreams(float step, bool use_delta, uint32_t sample_every, QuantizedSection* q) const;
+  double FillStreams(float step, bool use_delta, uint32_t sample_every, QuantizedSection* q,
+                     const QuantizedSection* near = nullptr) const;
   template <bool kNeedRec, typename Visit>
   void Quantize(float step, bool use_delta, uint32_t sample_every, Visit&& visit, const Codebook* cb = nullptr,
                 LloydStats* stats = nullptr) const;
@@ -179,11 +185,13 @@ class SectionAnalysis {
   // unless layout().lloyd; learned on one token group in `sample_every`.
   Codebook Learn(float step, bool use_delta, uint32_t sample_every) const;
   // A codebook in the form rows are quantized with: its levels
-  // (Codebook::AllLevels), and where each channel's rate term starts in its
-  // cost, per [kind][channel].
+  // (Codebook::AllLevels), and each channel's choice thresholds (the
+  // codebook's levels with its rate term, LloydThresholds) per stream kind,
+  // [kind][side][k][channel] (LloydRowInput::thr, stride C).
   struct LloydTables {
     std::vector<float> levels;
-    std::vector<int32_t> cost_at;
+    std::vector<float> thr;
+    void Build(const Codebook& cb, uint32_t channels, uint32_t head_dim, uint32_t stream_kinds);
   };
   // Quantizes one row with the codebook's levels and rate term; level
   // receives each value's reconstruction level in steps.

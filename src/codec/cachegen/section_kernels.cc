@@ -73,24 +73,17 @@ inline float LevelOf(const LloydRowInput& in, int32_t q) {
   return uint32_t(std::abs(q)) <= in.M ? in.levels[ZigZag(q)] : static_cast<float>(q);
 }
 
-// Channel c: QuantizeValue's rounding, then, where that is within one of the
-// codebook's range, the cheapest of the rounded magnitude and its
-// neighbours (the first in rising magnitude on a tie).
+// Channel c: QuantizeValue's rounding, then, where that is within M + 1, the
+// magnitude the thresholds give on v's side.
 inline void LloydValue(const LloydRowInput& in, uint32_t c, int32_t* q, float* rec, float* level) {
   const float r = in.row[c] - in.pred[c];
   int32_t best = QuantizeValue(r, in.inv[c]);
-  const uint32_t a = static_cast<uint32_t>(std::abs(best));
-  if (a <= in.M + 1) {
-    const float v = r * in.inv[c];
-    const int32_t sign = v < 0 ? -1 : 1;
-    const float* cost = in.cost + in.cost_at[c];
-    float best_cost = INFINITY;
-    for (uint32_t m = a > 0 ? a - 1 : 0; m <= std::min(a + 1, in.M + 1); ++m) {
-      const int32_t qq = sign * int32_t(m);
-      const float e = v - LevelOf(in, qq);
-      const float j = e * e + cost[ZigZag(qq)];
-      if (j < best_cost) best_cost = j, best = qq;
-    }
+  if (uint32_t(std::abs(best)) <= in.M + 1) {
+    const float v = r * in.inv[c], av = std::fabs(v);
+    const size_t side = v < 0 ? in.M + 1 : 0;
+    int32_t m = 0;
+    while (uint32_t(m) <= in.M && av > in.thr[(side + m) * in.thr_stride + c]) ++m;
+    best = v < 0 ? -m : m;
   }
   q[c] = best;
   level[c] = LevelOf(in, best);
@@ -100,30 +93,26 @@ inline void LloydValue(const LloydRowInput& in, uint32_t c, int32_t* q, float* r
 #if defined(__x86_64__)
 #define CG_AVX2_INLINE __attribute__((target("avx2"), always_inline)) inline
 
-// Unsigned a <= b.
-CG_AVX2_INLINE __m256i LessEqualU(__m256i a, __m256i b) { return _mm256_cmpeq_epi32(_mm256_min_epu32(a, b), a); }
 CG_AVX2_INLINE __m256i ZigZag8(__m256i x) {
   return _mm256_xor_si256(_mm256_slli_epi32(x, 1), _mm256_srai_epi32(x, 31));
 }
-// The levels of symbols x (|x| = m) in lanes `enabled`: gathered within M,
-// else x.
-CG_AVX2_INLINE __m256 LevelOf8(const LloydRowInput& in, __m256i x, __m256i m, __m256i enabled) {
-  const __m256i in_book = _mm256_and_si256(enabled, LessEqualU(m, _mm256_set1_epi32(int32_t(in.M))));
-  const __m256 gathered =
-      _mm256_mask_i32gather_ps(_mm256_setzero_ps(), in.levels, ZigZag8(x), _mm256_castsi256_ps(in_book), 4);
-  return _mm256_blendv_ps(_mm256_cvtepi32_ps(x), gathered, _mm256_castsi256_ps(in_book));
-}
 
-// 8 channels at a time with the scalar form's float operations in its order
-// (multiplies and adds, no fused ones), masked gathers for the levels and
-// costs (lanes outside the codebook's range read nothing), and strict
-// less-than over the candidates in rising magnitude, as the scalar loop.
+// 8 channels at a time with the scalar form's float operations: the same
+// rounding, the thresholds compared in rising magnitude until no lane passes
+// one (they rise with k), and the levels looked up in registers (one
+// codebook for the row: permutes of 8 levels at a time, no gathers).
 __attribute__((target("avx2"))) void LloydRowAvx2(const LloydRowInput& in, int32_t* q, float* rec, float* level) {
   const __m256 hi = _mm256_set1_ps(float(kMaxAbsSymbol)), lo = _mm256_set1_ps(-float(kMaxAbsSymbol));
   const __m256 sign_bit = _mm256_set1_ps(-0.0f), half = _mm256_set1_ps(0.5f);
-  const __m256 inf = _mm256_set1_ps(INFINITY);
-  const __m256i one = _mm256_set1_epi32(1), zero = _mm256_setzero_si256();
-  const __m256i m_top1 = _mm256_set1_epi32(int32_t(in.M + 1));
+  const __m256i m_top1 = _mm256_set1_epi32(int32_t(in.M + 1)), m_top2 = _mm256_set1_epi32(int32_t(in.M + 2));
+  // The codebook's 2M + 1 levels in registers of 8 (unused entries 0).
+  constexpr uint32_t kBlocks = (2 * kMaxCodebookLevels + 1 + 7) / 8;
+  alignas(32) float table[kBlocks * 8] = {};
+  const uint32_t n_levels = 2 * in.M + 1, blocks = (n_levels + 7) / 8;
+  for (uint32_t u = 0; u < n_levels; ++u) table[u] = in.levels[u];
+  __m256 block[kBlocks];
+  for (uint32_t b = 0; b < blocks; ++b) block[b] = _mm256_load_ps(table + 8 * b);
+  const size_t side_at = size_t{in.M + 1} * in.thr_stride;
   uint32_t c = 0;
   for (; c + 8 <= in.n; c += 8) {
     const __m256 p = _mm256_loadu_ps(in.pred + c);
@@ -131,32 +120,29 @@ __attribute__((target("avx2"))) void LloydRowAvx2(const LloydRowInput& in, int32
     const __m256 v = _mm256_mul_ps(r, _mm256_loadu_ps(in.inv + c));
     const __m256 vc = _mm256_min_ps(hi, _mm256_max_ps(lo, v));
     const __m256i q0 = _mm256_cvttps_epi32(_mm256_add_ps(vc, _mm256_or_ps(_mm256_and_ps(vc, sign_bit), half)));
-    const __m256i a = _mm256_abs_epi32(q0);
-    const __m256i small = LessEqualU(a, m_top1);
-    // sign -1 where v < 0 (as the scalar form: -0 and +0 count as positive).
-    const __m256i neg = _mm256_castps_si256(_mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_LT_OQ));
-    const __m256i first = _mm256_sub_epi32(a, _mm256_andnot_si256(_mm256_cmpeq_epi32(a, zero), one));
-    const __m256i last = _mm256_min_epu32(_mm256_add_epi32(a, one), m_top1);
-    const __m256i cost_at = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in.cost_at + c));
-    __m256i best = q0;
-    __m256 best_cost = inf;
-    if (!_mm256_testz_si256(small, small)) {
-      for (int k = 0; k < 3; ++k) {
-        const __m256i m = _mm256_add_epi32(first, _mm256_set1_epi32(k));
-        const __m256i valid = _mm256_and_si256(small, LessEqualU(m, last));
-        if (_mm256_testz_si256(valid, valid)) break;
-        const __m256i qq = _mm256_sub_epi32(_mm256_xor_si256(m, neg), neg);  // -m where neg
-        const __m256 e = _mm256_sub_ps(v, LevelOf8(in, qq, m, valid));
-        const __m256 cost = _mm256_mask_i32gather_ps(_mm256_setzero_ps(), in.cost, _mm256_add_epi32(cost_at, ZigZag8(qq)),
-                                                     _mm256_castsi256_ps(valid), 4);
-        const __m256 j = _mm256_add_ps(_mm256_mul_ps(e, e), cost);
-        const __m256 better =
-            _mm256_and_ps(_mm256_castsi256_ps(valid), _mm256_cmp_ps(j, best_cost, _CMP_LT_OQ));
-        best = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(best), _mm256_castsi256_ps(qq), better));
-        best_cost = _mm256_blendv_ps(best_cost, j, better);
-      }
+    const __m256i small = _mm256_cmpgt_epi32(m_top2, _mm256_abs_epi32(q0));  // |q0| <= M + 1
+    const __m256 av = _mm256_andnot_ps(sign_bit, v);
+    const __m256 neg = _mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_LT_OQ);
+    __m256i m = _mm256_setzero_si256();
+    const float* t = in.thr + c;
+    for (uint32_t k = 0; k <= in.M; ++k, t += in.thr_stride) {
+      const __m256 thr = _mm256_blendv_ps(_mm256_loadu_ps(t), _mm256_loadu_ps(t + side_at), neg);
+      const __m256i above = _mm256_castps_si256(_mm256_cmp_ps(av, thr, _CMP_GT_OQ));
+      if (_mm256_testz_si256(above, above)) break;
+      m = _mm256_sub_epi32(m, above);
     }
-    const __m256 lev = LevelOf8(in, best, _mm256_abs_epi32(best), _mm256_set1_epi32(-1));
+    const __m256i signed_m = _mm256_sub_epi32(_mm256_xor_si256(m, _mm256_castps_si256(neg)), _mm256_castps_si256(neg));
+    const __m256i best = _mm256_castps_si256(
+        _mm256_blendv_ps(_mm256_castsi256_ps(q0), _mm256_castsi256_ps(signed_m), _mm256_castsi256_ps(small)));
+    // Levels: the codebook's within M (the block b holds u in [8b, 8b + 8)), else the symbol's value.
+    const __m256i u = ZigZag8(best);
+    __m256 lev = _mm256_cvtepi32_ps(best);
+    const __m256i in_book = _mm256_cmpgt_epi32(m_top1, _mm256_abs_epi32(best));  // |best| <= M
+    const __m256i ub = _mm256_srli_epi32(u, 3);
+    for (uint32_t b = 0; b < blocks; ++b) {
+      const __m256i here = _mm256_and_si256(in_book, _mm256_cmpeq_epi32(ub, _mm256_set1_epi32(int32_t(b))));
+      lev = _mm256_blendv_ps(lev, _mm256_permutevar8x32_ps(block[b], u), _mm256_castsi256_ps(here));
+    }
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + c), best);
     _mm256_storeu_ps(level + c, lev);
     _mm256_storeu_ps(rec + c, _mm256_add_ps(p, _mm256_mul_ps(lev, _mm256_loadu_ps(in.st + c))));
@@ -180,6 +166,38 @@ void QuantizeRow(const float* row, const float* pred, const float* st, const flo
   if (simd::Avx2()) return QuantizeRowAvx2(row, pred, st, inv, n, sym, out);
 #endif
   QuantizeRowScalar(row, pred, st, inv, n, sym, out);
+}
+
+void LloydThresholds(const float* levels, uint32_t M, const float* cost, float* thr) {
+  for (uint32_t side = 0; side < 2; ++side) {
+    // Candidate m's distortion plus cost at |v| = x is x^2 - 2 y_m x + y_m^2 +
+    // c_m: without x^2 a line of slope -2 y_m. Lines in rising magnitude
+    // (rising level), kept while they can be the least somewhere (a convex
+    // hull, O(M)); hull[i] is least from x[i] (x[0] = -inf) on.
+    float y[kMaxCodebookLevels + 2], b[kMaxCodebookLevels + 2], x[kMaxCodebookLevels + 2];
+    uint32_t hull[kMaxCodebookLevels + 2], n = 0;
+    for (uint32_t m = 0; m <= M + 1; ++m) {
+      const uint32_t u = m == 0 ? 0 : side == 0 ? 2 * m : 2 * m - 1;
+      const float ym = m == 0 ? 0.0f : m > M ? float(m) : side == 0 ? levels[u] : -levels[u];
+      const float bm = ym * ym + cost[u];
+      if (n > 0 && !(ym > y[hull[n - 1]])) continue;
+      float xm = -INFINITY;
+      while (n > 0) {
+        const uint32_t top = hull[n - 1];
+        xm = (bm - b[top]) / (2 * (ym - y[top]));
+        if (n == 1 || xm > x[n - 1]) break;
+        --n;  // the new line is least wherever the top one was
+      }
+      y[m] = ym, b[m] = bm;
+      hull[n] = m, x[n] = n == 0 ? -INFINITY : xm;
+      ++n;
+    }
+    // Magnitude >= k from the first hull line of magnitude >= k on.
+    for (uint32_t k = 1, i = 0; k <= M + 1; ++k) {
+      while (i < n && hull[i] < k) ++i;
+      thr[side * (M + 1) + k - 1] = i < n ? x[i] : INFINITY;
+    }
+  }
 }
 
 void LloydRowScalar(const LloydRowInput& in, int32_t* q, float* rec, float* level) {

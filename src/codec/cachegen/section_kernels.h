@@ -3,10 +3,11 @@
 // uniform quantizer, and the lloyd quantizer's per-value choice (FORMAT.md,
 // cachegen "Encoder choices": for the channels of one row that share a
 // codebook, the level that minimises distortion plus lambda * bits among the
-// rounded magnitude and its two neighbours), which the encoder runs on every
+// magnitudes up to M + 1, by thresholds), which the encoder runs on every
 // row of every pass of codebook learning and of the final quantization.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace cachegen {
@@ -30,13 +31,25 @@ struct LloydRowInput {
   // The channels' codebook: levels[u], u = 0..2M (Codebook::Levels), M <= 16.
   const float* levels = nullptr;
   uint32_t M = 0;
-  // Lambda * bits of symbol u, u < 2M + 3, of channel c: cost[cost_at[c] + u].
-  const float* cost = nullptr;
-  const int32_t* cost_at = nullptr;
+  // Channel c's choice thresholds (LloydThresholds), k = 1..M+1 on side s (0:
+  // v >= 0, 1: v < 0) at thr[(s * (M + 1) + k - 1) * thr_stride + c].
+  const float* thr = nullptr;
+  size_t thr_stride = 0;
 };
 
-// q[c]: the chosen symbol's signed value; rec[c] = pred + level * st; level[c]:
-// the level it reconstructs at, in steps (q itself beyond M).
+// Where the lloyd choice moves up a magnitude, for one codebook and one rate
+// term: a value v (residual in steps) whose rounding is within M + 1 takes,
+// on its side, the magnitude m = #{k in 1..M+1 : |v| > thr[side * (M + 1) +
+// k - 1]}, which minimises (v - level)^2 + cost over the magnitudes 0..M + 1
+// (the lower envelope of the candidates' parabolas; on a tie the smaller).
+// levels: Codebook::Levels (2M + 1); cost: lambda * bits of symbol u, u <
+// 2M + 3. A magnitude whose level is not above the one below it is never
+// chosen.
+void LloydThresholds(const float* levels, uint32_t M, const float* cost, float* thr);
+
+// q[c]: the chosen symbol's signed value (the plain rounding where that is
+// beyond M + 1); rec[c] = pred + level * st; level[c]: the level it
+// reconstructs at, in steps (q itself beyond M).
 void LloydRow(const LloydRowInput& in, int32_t* q, float* rec, float* level);
 
 // The scalar form (the reference; tests compare the AVX2 one with it).
