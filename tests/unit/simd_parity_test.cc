@@ -589,6 +589,26 @@ TEST_F(SimdParity, LloydRowMatchesScalar) {
     }
 }
 
+// Spreading shared rows to channels (the lloyd thresholds): the AVX2 gathers
+// give the scalar copy, tails included.
+TEST_F(SimdParity, GatherRowsMatchesScalar) {
+  std::mt19937 rng(5);
+  std::vector<float> table(64);
+  for (float& v : table) v = float(rng() % 1000) - 500.0f;
+  for (uint32_t n : {1u, 7u, 8u, 13u, 64u})
+    for (uint32_t rows : {1u, 3u, 18u}) {
+      std::vector<int32_t> at(n);
+      for (int32_t& a : at) a = static_cast<int32_t>(rng() % (table.size() - rows + 1));
+      std::vector<float> slow(size_t{n} * rows), fast(slow.size());
+      simd::SetEnabled(false);
+      GatherRows(table.data(), at.data(), n, rows, slow.data());
+      simd::SetEnabled(true);
+      GatherRows(table.data(), at.data(), n, rows, fast.data());
+      EXPECT_EQ(slow, fast) << "n " << n << " rows " << rows;
+      EXPECT_EQ(slow[size_t{rows - 1} * n + n - 1], table[at[n - 1] + rows - 1]);
+    }
+}
+
 // A profile's head transforms: the AVX2 kernel (registers of 8 outputs, 4 at a
 // time) and the AVX-512 one (16 outputs) give the scalar loop's bits (a chain
 // of fused multiply-adds per output) for every head dim, tails included.

@@ -145,26 +145,34 @@ void SectionAnalysis::LloydTables::Build(const Codebook& cb, uint32_t C, uint32_
   const uint32_t M = cb.levels, per_unit = 2 * M + 3, per_side = M + 1;
   levels.resize(cb.LevelsSize(C));
   cb.AllLevels(C, levels.data());
+  // Levels at the integers and no rate term (learning's first pass): plain rounding.
+  plain = std::all_of(cb.offsets.begin(), cb.offsets.end(), [](int8_t o) { return o == 0; }) &&
+          std::all_of(cb.cost.begin(), cb.cost.end(), [](float c) { return c == 0; });
+  if (plain) return;
   thr.resize(size_t{stream_kinds} * 2 * per_side * C);
   // Channels of one codebook group and one rate term (a head's, or a channel
-  // class's) share their thresholds: each pair is built once.
+  // class's) share their thresholds: each pair is built once into pair_thr,
+  // channel c's at at[c], then spread to the channels.
   const size_t units = cb.cost.size() / per_unit;
-  std::vector<float> unit_thr(units * 2 * per_side);
+  std::vector<float> pair_thr;
+  std::vector<int32_t> at(C), unit_at(units);
   std::vector<uint32_t> built_for(units);
   for (uint32_t kind = 0; kind < stream_kinds; ++kind) {
     std::fill(built_for.begin(), built_for.end(), ~0u);
-    float* out = thr.data() + size_t{kind} * 2 * per_side * C;
+    pair_thr.clear();
     for (uint32_t c = 0; c < C; ++c) {
       const uint32_t group = c / cb.group_channels;
       const float* cost = cb.Cost(std::min(kind, cb.kinds - 1), c, c / head_dim, C);
       const size_t unit = static_cast<size_t>(cost - cb.cost.data()) / per_unit;
-      float* t = &unit_thr[unit * 2 * per_side];
       if (built_for[unit] != group) {
-        LloydThresholds(levels.data() + cb.LevelOffset(kind, c), M, cost, t);
+        unit_at[unit] = static_cast<int32_t>(pair_thr.size());
+        pair_thr.resize(pair_thr.size() + 2 * per_side);
+        LloydThresholds(levels.data() + cb.LevelOffset(kind, c), M, cost, &pair_thr[size_t(unit_at[unit])]);
         built_for[unit] = group;
       }
-      for (uint32_t i = 0; i < 2 * per_side; ++i) out[size_t{i} * C + c] = t[i];
+      at[c] = unit_at[unit];
     }
+    GatherRows(pair_thr.data(), at.data(), C, 2 * per_side, thr.data() + size_t{kind} * 2 * per_side * C);
   }
 }
 
@@ -173,7 +181,14 @@ void SectionAnalysis::QuantizeRowLloyd(const Codebook& cb, const LloydTables& t,
                                        float* level, LloydStats* stats) const {
   const uint32_t C = layout_.channels(), D = layout_.head_dim, M = cb.levels, G = cb.group_channels;
   const uint32_t kind = is_delta ? 1 : 0;
-  for (uint32_t c0 = 0; c0 < C;) {  // runs of channels sharing a codebook
+  if (t.plain) {  // plain rounding: levels at the symbols' values
+    QuantizeRow(row, pred, st, inv, C, reinterpret_cast<uint32_t*>(q), rec);
+    for (uint32_t c = 0; c < C; ++c) {
+      q[c] = UnZigZag(static_cast<uint32_t>(q[c]));
+      level[c] = static_cast<float>(q[c]);
+    }
+  }
+  for (uint32_t c0 = 0; c0 < C && !t.plain;) {  // runs of channels sharing a codebook
     const uint32_t group = c0 / G, c1 = std::min(C, (group + 1) * G);
     const LloydRowInput in{row + c0, pred + c0, st + c0, inv + c0, c1 - c0, t.levels.data() + cb.LevelOffset(kind, c0),
                            M, t.thr.data() + size_t{kind} * 2 * (M + 1) * C + c0, C};

@@ -191,6 +191,7 @@ class SectionAnalysis {
   struct LloydTables {
     std::vector<float> levels;
     std::vector<float> thr;
+    bool plain = false;  // offsets and rate term all 0: rows are rounded (QuantizeRow), thr is empty
     void Build(const Codebook& cb, uint32_t channels, uint32_t head_dim, uint32_t stream_kinds);
   };
   // Quantizes one row with the codebook's levels and rate term; level

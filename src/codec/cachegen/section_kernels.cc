@@ -151,7 +151,32 @@ __attribute__((target("avx2"))) void LloydRowAvx2(const LloydRowInput& in, int32
 }
 #endif
 
+void GatherRowsScalar(const float* table, const int32_t* at, uint32_t n, uint32_t rows, float* out) {
+  for (uint32_t r = 0; r < rows; ++r)
+    for (uint32_t c = 0; c < n; ++c) out[size_t{r} * n + c] = table[at[c] + r];
+}
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) void GatherRowsAvx2(const float* table, const int32_t* at, uint32_t n, uint32_t rows,
+                                                    float* out) {
+  const uint32_t blocks = n / 8 * 8;
+  for (uint32_t c = 0; c < blocks; c += 8) {
+    const __m256i idx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + c));
+    for (uint32_t r = 0; r < rows; ++r)
+      _mm256_storeu_ps(out + size_t{r} * n + c, _mm256_i32gather_ps(table + r, idx, 4));
+  }
+  for (uint32_t r = 0; r < rows; ++r)
+    for (uint32_t c = blocks; c < n; ++c) out[size_t{r} * n + c] = table[at[c] + r];
+}
+#endif
+
 }  // namespace
+
+void GatherRows(const float* table, const int32_t* at, uint32_t n, uint32_t rows, float* out) {
+#if defined(__x86_64__)
+  if (simd::Avx2()) return GatherRowsAvx2(table, at, n, rows, out);
+#endif
+  GatherRowsScalar(table, at, n, rows, out);
+}
 
 void ChannelSums(const float* y, uint32_t tokens, uint32_t C, double* sum, double* sum_sq) {
 #if defined(__x86_64__)

@@ -47,6 +47,11 @@ struct LloydRowInput {
 // chosen.
 void LloydThresholds(const float* levels, uint32_t M, const float* cost, float* thr);
 
+// out[r * n + c] = table[at[c] + r] for r < rows, c < n: per-channel rows of
+// values that channels share (LloydThresholds of each channel's codebook and
+// rate term), spread to one row per value for the row kernel.
+void GatherRows(const float* table, const int32_t* at, uint32_t n, uint32_t rows, float* out);
+
 // q[c]: the chosen symbol's signed value (the plain rounding where that is
 // beyond M + 1); rec[c] = pred + level * st; level[c]: the level it
 // reconstructs at, in steps (q itself beyond M).
