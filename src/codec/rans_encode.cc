@@ -82,15 +82,19 @@ constexpr PackWords kPackWords = MakePackWords();
 
 // The 8-lane encode loop over `rounds` full rounds of 8 symbols (symbol 8r + j
 // on lane j), last round first, with the lane states x in one AVX2 register:
-// the words and states of the scalar loop. Per symbol v, fc[v] = freq |
-// cum << 16 and inv[v] = 1.0 / freq (freq < kProbScale). The quotient
+// the words and states of the scalar loop. Per symbol v of a table at t,
+// fc[t + v] = freq | cum << 16 and inv[t + v] = 1.0 / freq (freq < kProbScale). The quotient
 // floor(st / f) is taken as floor((st + 0.5) * inv): st / f is k + j / f with
 // j < f, so (st + 0.5) / f lies at least 0.5 / f >= 2^-13 from an integer,
 // while the double rounding errors stay below 2^-30 (quotients < 2^20).
 // Words go below pos (each round stores 8 slots ending at pos, so 8 slots of
 // room must be free below); returns the new pos.
+// With a table cycle, lane j of round r codes with the table whose entries
+// start at base[8 * (r % base_rounds) + j] in fc and inv (the cycle's period
+// is 8 * base_rounds; one table: base all 0, base_rounds 1).
 __attribute__((target("avx2,bmi2,popcnt"))) size_t EncodeRounds8Avx2(const uint8_t* syms, size_t rounds,
                                                                     const uint32_t* fc, const double* inv,
+                                                                    const int32_t* base, size_t base_rounds,
                                                                     uint32_t* state, uint16_t* words, size_t pos) {
   __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(state));
   const __m256i lo16 = _mm256_set1_epi32(0xffff);
@@ -98,9 +102,11 @@ __attribute__((target("avx2,bmi2,popcnt"))) size_t EncodeRounds8Avx2(const uint8
   const __m256d bias = _mm256_set1_pd(2147483648.0 + 0.5);
   const __m256i scale = _mm256_set1_epi32(kProbScale);
   const __m256d all = _mm256_castsi256_pd(_mm256_set1_epi64x(-1));
-  for (size_t r = rounds; r-- > 0;) {
+  size_t b = (rounds - 1) % base_rounds;
+  for (size_t r = rounds; r-- > 0; b = b == 0 ? base_rounds - 1 : b - 1) {
     const __m128i s8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(syms + 8 * r));
-    const __m256i sym = _mm256_cvtepu8_epi32(s8);
+    const __m256i sym = _mm256_add_epi32(_mm256_cvtepu8_epi32(s8),
+                                         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + 8 * b)));
     const __m256i e = _mm256_i32gather_epi32(reinterpret_cast<const int*>(fc), sym, 4);
     const __m256i f = _mm256_and_si256(e, lo16);
     const __m256i cum = _mm256_srli_epi32(e, 16);
@@ -130,17 +136,19 @@ __attribute__((target("avx2,bmi2,popcnt"))) size_t EncodeRounds8Avx2(const uint8
 #endif
 
 #if defined(__x86_64__)
-// syms[i] = min(symbols[i], e) and the escape varints of values >= e in
-// order, 8 symbols at a time (escapes are rare: a mask test per 8). Returns
-// how many symbols it did (a multiple of 8).
-__attribute__((target("avx2"))) size_t ByteSymbolsAvx2(const uint32_t* symbols, size_t n, uint32_t e, uint8_t* syms,
-                                                       ByteWriter& esc) {
-  const __m256i ev = _mm256_set1_epi32(static_cast<int>(e));
+// syms[i] = min(symbols[i], e_i) and the escape varints of values >= e_i in
+// order, 8 symbols at a time (escapes are rare: a mask test per 8), where
+// e_i = e_at[i % period] (period 1 or a multiple of 8). Returns how many
+// symbols it did (a multiple of 8).
+__attribute__((target("avx2"))) size_t ByteSymbolsAvx2(const uint32_t* symbols, size_t n, const uint32_t* e_at,
+                                                       size_t period, uint8_t* syms, ByteWriter& esc) {
+  const __m256i one_e = _mm256_set1_epi32(static_cast<int>(e_at[0]));
   const __m256i to_bytes = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,  //
                                             0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
   size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
+  for (size_t p = 0; i + 8 <= n; i += 8, p = p + 8 >= period ? 0 : p + 8) {
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(symbols + i));
+    const __m256i ev = period == 1 ? one_e : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(e_at + p));
     const __m256i m = _mm256_min_epu32(v, ev);
     const __m256i b = _mm256_shuffle_epi8(m, to_bytes);  // bytes 0-3 of each 128-bit half
     const uint32_t lo = static_cast<uint32_t>(_mm256_cvtsi256_si32(b));
@@ -148,8 +156,10 @@ __attribute__((target("avx2"))) size_t ByteSymbolsAvx2(const uint32_t* symbols, 
     std::memcpy(syms + i, &lo, 4);
     std::memcpy(syms + i + 4, &hi, 4);
     if (_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(m, ev))))
-      for (size_t j = i; j < i + 8; ++j)
-        if (symbols[j] >= e) esc.Varint(symbols[j] - e);
+      for (size_t j = 0; j < 8; ++j) {
+        const uint32_t e = e_at[period == 1 ? 0 : p + j];
+        if (symbols[i + j] >= e) esc.Varint(symbols[i + j] - e);
+      }
   }
   return i;
 }
@@ -167,28 +177,51 @@ size_t WriteRans(std::span<const uint32_t> symbols, std::span<const CodingTable>
   const uint32_t only = 0;
   if (which.empty()) which = {&only, 1};
   const size_t period = which.size();
+  // The full rounds of 8 lanes go to the AVX2 loop when every lane of a
+  // round keeps one table position (one table, or a cycle of a multiple of 8;
+  // freq kProbScale, a single symbol, never occurs in a stream of two or more
+  // distinct values, but it is checked); the scalar loop takes the rest, last
+  // symbols first.
+  bool simd = false;
+#if defined(__x86_64__)
+  simd = lanes == 8 && n >= 8 && (period == 1 || period % 8 == 0) && simd::Avx2();
+  for (size_t t = 0; t < tables.size() && simd; ++t)
+    for (uint32_t v = 0; v <= tables[t].e && simd; ++v) simd = tables[t].freq[v] < kProbScale;
+#endif
+  const size_t stop = simd ? n / 8 * 8 : 0;
+
   // Symbols (values >= E as the escape symbol) and the escape area (forward order).
   std::unique_ptr<uint8_t[]> syms(new uint8_t[n]);
   std::vector<uint8_t> esc;
   esc.reserve(escape_bytes);
   ByteWriter ew(&esc);
+  std::vector<uint32_t> e_at(period);
+  for (size_t p = 0; p < period; ++p) e_at[p] = tables[which[p]].e;
   size_t done = 0;
 #if defined(__x86_64__)
-  if (period == 1 && simd::Avx2()) done = ByteSymbolsAvx2(symbols.data(), n, tables[which[0]].e, syms.get(), ew);
+  if (simd) done = ByteSymbolsAvx2(symbols.data(), n, e_at.data(), period, syms.get(), ew);
 #endif
   for (size_t i = done, p = done % period; i < n; ++i, p = p + 1 == period ? 0 : p + 1) {
-    const uint32_t e = tables[which[p]].e;
+    const uint32_t e = e_at[p];
     syms[i] = static_cast<uint8_t>(std::min(symbols[i], e));
     if (symbols[i] >= e) ew.Varint(symbols[i] - e);
   }
 
-  // Encoder constants per table; enc_of[p] for position p.
-  std::vector<std::array<EncSymbol, kMaxAlphabet>> encs(tables.size());
-  for (size_t t = 0; t < tables.size(); ++t)
-    for (uint32_t v = 0, cum = 0; v <= tables[t].e; cum += tables[t].freq[v], ++v)
-      encs[t][v] = MakeEncSymbol(tables[t].freq[v], cum);
+  // Encoder constants of the tables the scalar loop codes with (all of them
+  // without AVX2, else those of the last partial round), table t's at
+  // enc_at[t]; enc_of[p] for position p.
+  std::vector<EncSymbol> encs;
+  std::vector<size_t> enc_at(tables.size(), SIZE_MAX);
   std::vector<const EncSymbol*> enc_of(period);
-  for (size_t p = 0; p < period; ++p) enc_of[p] = encs[which[p]].data();
+  for (size_t i = stop; i < n; ++i) {
+    const size_t t = which[i % period];
+    if (enc_at[t] != SIZE_MAX) continue;
+    enc_at[t] = encs.size();
+    for (uint32_t v = 0, cum = 0; v <= tables[t].e; cum += tables[t].freq[v], ++v)
+      encs.push_back(MakeEncSymbol(tables[t].freq[v], cum));
+  }
+  for (size_t p = 0; p < period; ++p)
+    if (enc_at[which[p]] != SIZE_MAX) enc_of[p] = encs.data() + enc_at[which[p]];
   const uint32_t e = tables[which[0]].e;
   const uint32_t* freq = tables[which[0]].freq;
 
@@ -201,15 +234,6 @@ size_t WriteRans(std::span<const uint32_t> symbols, std::span<const CodingTable>
   size_t pos = cap;
   uint32_t x[kMaxLanes];
   for (uint32_t j = 0; j < lanes; ++j) x[j] = kL;
-  // The full rounds of 8 lanes go to the AVX2 loop (freq kProbScale, a
-  // single symbol, never occurs in a stream of two or more distinct values,
-  // but it is checked); the scalar loop takes the rest, last symbols first.
-  bool simd = false;
-#if defined(__x86_64__)
-  simd = period == 1 && lanes == 8 && n >= 8 && simd::Avx2();
-  for (uint32_t v = 0; v <= e && simd; ++v) simd = freq[v] < kProbScale;
-#endif
-  const size_t stop = simd ? n / 8 * 8 : 0;
   // Symbol i goes to lane i % lanes and table i % period; both indices are
   // counted down, not divided.
   uint32_t lane = static_cast<uint32_t>((n - 1) % lanes);
@@ -227,13 +251,21 @@ size_t WriteRans(std::span<const uint32_t> symbols, std::span<const CodingTable>
   }
 #if defined(__x86_64__)
   if (stop) {
-    alignas(32) uint32_t fc[kMaxAlphabet];
-    alignas(32) double inv[kMaxAlphabet];
-    for (uint32_t v = 0; v <= e; ++v) {
-      fc[v] = freq[v] | (enc_of[0][v].cum << 16);
-      inv[v] = freq[v] ? 1.0 / freq[v] : 0.0;
-    }
-    pos = EncodeRounds8Avx2(syms.get(), stop / 8, fc, inv, x, words.get(), pos);
+    // Each table's fc and inv entries back to back, table t's from off[t];
+    // base[p] = the offset of position p's table.
+    std::vector<int32_t> off(tables.size() + 1, 0);
+    for (size_t t = 0; t < tables.size(); ++t) off[t + 1] = off[t] + static_cast<int32_t>(tables[t].e + 1);
+    std::unique_ptr<uint32_t[]> fc(new uint32_t[size_t(off.back())]);
+    std::unique_ptr<double[]> inv(new double[size_t(off.back())]);
+    for (size_t t = 0; t < tables.size(); ++t)
+      for (uint32_t v = 0, cum = 0; v <= tables[t].e; cum += tables[t].freq[v], ++v) {
+        fc[size_t(off[t]) + v] = tables[t].freq[v] | (cum << 16);
+        inv[size_t(off[t]) + v] = tables[t].freq[v] ? 1.0 / tables[t].freq[v] : 0.0;
+      }
+    std::vector<int32_t> base(std::max<size_t>(period, 8));
+    for (size_t q = 0; q < base.size(); ++q) base[q] = off[which[q % period]];
+    pos = EncodeRounds8Avx2(syms.get(), stop / 8, fc.get(), inv.get(), base.data(), base.size() / 8, x, words.get(),
+                            pos);
   }
 #endif
   for (uint32_t j = lanes; j-- > 0;) {

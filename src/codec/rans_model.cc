@@ -203,16 +203,24 @@ SymbolCounts Count(std::span<const uint32_t> symbols) {
 
 CycleCosts CostsWithTables(std::span<const uint32_t> symbols, const CycleTables& ct) {
   CycleCosts c;
-  const size_t period = ct.which.size();
-  std::vector<std::array<uint64_t, kMaxAlphabet>> count(ct.distinct.size());
-  for (size_t i = 0, p = 0; i < symbols.size(); ++i, p = p + 1 == period ? 0 : p + 1) {
-    const uint32_t v = symbols[i], t = ct.which[p], e = ct.distinct[t]->escape;
-    c.constant = c.constant && v == symbols[0];
-    if (v >= e) c.escape_bytes += VarintLen(v - e);
-    ++count[t][std::min(v, e)];
+  const size_t period = ct.which.size(), tables = ct.distinct.size();
+  c.constant = std::all_of(symbols.begin(), symbols.end(), [&](uint32_t v) { return v == symbols[0]; });
+  // Each distinct table's counts of symbols 0..E back to back (table t's from
+  // off[t]: only its own alphabet is cleared); position p counts at at[p].
+  std::vector<uint32_t> off(tables + 1, 0), at(period), e_at(period);
+  for (size_t t = 0; t < tables; ++t) off[t + 1] = off[t] + ct.distinct[t]->escape + 1;
+  for (size_t p = 0; p < period; ++p) {
+    at[p] = off[ct.which[p]];
+    e_at[p] = ct.distinct[ct.which[p]]->escape;
   }
-  for (size_t t = 0; t < ct.distinct.size(); ++t)
-    c.bits += CodedBits(count[t].data(), ct.distinct[t]->freq.data(), ct.distinct[t]->escape);
+  std::vector<uint64_t> count(off.back(), 0);
+  for (size_t i = 0, p = 0; i < symbols.size(); ++i, p = p + 1 == period ? 0 : p + 1) {
+    const uint32_t v = symbols[i], e = e_at[p];
+    if (v >= e) c.escape_bytes += VarintLen(v - e);
+    ++count[at[p] + std::min(v, e)];
+  }
+  for (size_t t = 0; t < tables; ++t)
+    c.bits += CodedBits(count.data() + off[t], ct.distinct[t]->freq.data(), ct.distinct[t]->escape);
   return c;
 }
 
