@@ -60,6 +60,14 @@ constexpr double kFrameBytesPerSection = 24;
 // its target, and when the full data's exact size is within this one.
 constexpr double kSampledTolerance = 0.002;
 constexpr double kFullTolerance = 0.003;
+// Full-data corrections: up to kFullCorrections toward kFullTolerance, and
+// more (up to kMaxFullCorrections) while the best is beyond kFullLimit (near
+// a profile grid boundary the size can jump by several percent).
+constexpr int kFullCorrections = 2, kMaxFullCorrections = 4;
+constexpr double kFullLimit = 0.008;
+// The slope (bits/value per doubling of the step) the first full-data
+// correction takes is the sampled search's, within these.
+constexpr double kFullSlopeMin = -1.2, kFullSlopeMax = -0.6;
 
 struct Params {
   bool rotate = false;
@@ -521,10 +529,19 @@ class CacheGenCodec final : public Codec {
 
     // The full data at x0, then corrections along the sampled slope and by
     // secant, which reuse the codebooks learned at x0; q keeps the best point.
+    // The last sampled secant may span a tiny step (the search ends close to
+    // its target) and be far off the full data's slope; the full data's
+    // slopes measured on docs6L and the Llama-3.2-1B shape lie in -0.6 ... -1.2
+    // bits per doubling at 0.8-2 bits/value.
+    slope = std::clamp(slope, kFullSlopeMin, kFullSlopeMax);
     CG_ASSIGN_OR_RETURN(const double full0, bits_at(x0, 1, q));
     memo->bias = sampled_bits / full0;
     double xa = x0, fa = full0 - target_bits, best = fa;
-    for (int iter = 0; iter < 2 && std::abs(best) > kFullTolerance * target_bits; ++iter) {
+    auto more = [&](int iter) {
+      return std::abs(best) > kFullTolerance * target_bits &&
+             (iter < kFullCorrections || (iter < kMaxFullCorrections && std::abs(best) > kFullLimit * target_bits));
+    };
+    for (int iter = 0; more(iter); ++iter) {
       const double xb = std::clamp(xa - fa / slope, std::max(-20.0, xa - 4), std::min(20.0, xa + 4));
       CG_ASSIGN_OR_RETURN(double fb, bits_at(xb, 1, spare, q));
       fb -= target_bits;
