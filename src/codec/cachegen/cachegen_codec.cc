@@ -470,7 +470,8 @@ class CacheGenCodec final : public Codec {
     CG_RETURN_IF_ERROR(MemoDeltas(a, factors, sample_every, cfg.threads, memo));
     const std::vector<uint8_t>& deltas = memo->deltas;
     // Bits per value of the sections quantized into qs at log_step (with
-    // the codebooks of `near`'s full-data quantizations where given).
+    // the codebooks of `near`'s quantizations where they are near enough,
+    // SectionAnalysis::QuantizeStreams).
     auto bits_at = [&](double log_step, uint32_t every, std::vector<QuantizedSection>* qs,
                        const std::vector<QuantizedSection>* near = nullptr) -> Result<double> {
       CG_RETURN_IF_ERROR(ParallelFor(n, cfg.threads, [&](uint64_t i) {
@@ -487,7 +488,7 @@ class CacheGenCodec final : public Codec {
     // earlier level, else from the unit step and a slope of -1.
     const double sampled_target = target_bits * memo->bias;
     auto sampled_at = [&](double x) -> Result<double> {
-      CG_ASSIGN_OR_RETURN(const double b, bits_at(x, sample_every, spare));
+      CG_ASSIGN_OR_RETURN(const double b, bits_at(x, sample_every, spare, spare));
       memo->sampled.emplace_back(x, b);
       return b - sampled_target;
     };

@@ -87,6 +87,10 @@ constexpr int kLloydPasses = 2;
 // stories260K, head dim 8, keeps every group: one in four raised its KL by
 // 20-40 % at 1.5-2 bits).
 constexpr uint32_t kLearnValues = 2048;
+// A quantization at a step within this many octaves of an earlier one of
+// the same sample (rate control's next estimate or correction) keeps that
+// one's codebook (QuantizeStreams).
+constexpr double kReuseCodebookOctaves = 0.125;
 
 }  // namespace
 
@@ -474,7 +478,8 @@ double SectionAnalysis::FillStreams(float step, bool use_delta, uint32_t sample_
   // section has, and learning takes three passes over what it reads.
   const uint64_t learn_every = uint64_t{(tq + G - 1) / G} * D / kLearnValues;
   const internal::ProfileData* prof = l.profile;
-  if (near && near->sample_every == 1 && near->use_delta == use_delta &&
+  if (near && near->sample_every == sample_every && near->use_delta == use_delta && near->step > 0 &&
+      std::abs(std::log2(step / near->step)) <= kReuseCodebookOctaves &&
       (!prof || prof->GridIndex(near->step) == prof->GridIndex(step)))
     q->cb = near->cb;
   else

@@ -154,11 +154,12 @@ class SectionAnalysis {
   double MeasureMse(float step, bool use_delta) const;
 
   // Quantizes at `step` (one token group in `sample_every`) into q, reusing
-  // its buffers, and estimates the section's size. With `near` (a full-data
-  // quantization at a nearby step, same delta choice), its codebook is
-  // reused instead of learning one when both steps take the same profile
-  // grid point: a codebook's levels are in units of the step, and rate
-  // control's corrections move the step by a few percent.
+  // its buffers, and estimates the section's size. With `near` (a
+  // quantization of the same sample and delta choice at a step within an
+  // eighth of an octave), its codebook is reused instead of learning one
+  // when both steps take the same profile grid point: a codebook's levels
+  // are in units of the step, and rate control's later estimates and
+  // corrections move the step by a few percent. near may be q.
   void QuantizeStreams(float step, bool use_delta, uint32_t sample_every, QuantizedSection* q,
                        const QuantizedSection* near = nullptr) const;
   // Writes the section payload; side_bytes receives the side-information share.
