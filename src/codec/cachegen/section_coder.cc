@@ -95,7 +95,9 @@ constexpr double kReuseCodebookOctaves = 0.125;
 }  // namespace
 
 // What one quantization pass saw: symbol counts per (head, kind) for the rate
-// term, sums of the normalized residuals per (group, kind, symbol) for centroids.
+// term, sums of the normalized residuals per (group, kind, symbol) for
+// centroids. Learning keeps one codebook per head (group = head), so the
+// centroids' counts are the histogram's (Fold copies them).
 struct SectionAnalysis::LloydStats {
   // A pass accumulates into kBanks copies, channel c into bank c % kBanks
   // (consecutive values mostly take the same symbol: one copy would chain
@@ -110,10 +112,9 @@ struct SectionAnalysis::LloydStats {
   std::vector<uint64_t> count;
   size_t hist_bank = 0, sum_bank = 0;  // entries per bank
   double distortion = 0;  // sum of squared errors in units of the step
-  // What a pass must measure beyond sums and counts (a middle pass of
-  // learning needs neither the distortion nor, with a profile's tables, the
-  // histogram).
-  bool want_distortion = true, want_hist = true;
+  // Whether the pass measures the distortion (a middle pass of learning
+  // does not).
+  bool want_distortion = true;
   LloydStats(const Codebook& cb, uint32_t heads, uint32_t head_dim)
       : bins(2 * cb.levels + 3),
         hist(kBanks * size_t{heads} * cb.kinds * bins),
@@ -121,15 +122,16 @@ struct SectionAnalysis::LloydStats {
         count(sum.size()),
         hist_bank(hist.size() / kBanks),
         sum_bank(sum.size() / kBanks) {}
-  // Sums the banks into the first (in bank order), which readers then use.
+  // Sums the banks into the first (in bank order), which readers then use,
+  // and takes the counts from the histogram.
   void Fold() {
     for (uint32_t b = 1; b < kBanks; ++b) {
       for (size_t i = 0; i < hist_bank; ++i) hist[i] += hist[b * hist_bank + i];
-      for (size_t i = 0; i < sum_bank; ++i) {
-        sum[i] += sum[b * sum_bank + i];
-        count[i] += count[b * sum_bank + i];
-      }
+      for (size_t i = 0; i < sum_bank; ++i) sum[i] += sum[b * sum_bank + i];
     }
+    const size_t per_group = bins - 2;  // 2M + 1
+    for (size_t gk = 0; gk * bins < hist_bank; ++gk)
+      std::copy_n(&hist[gk * bins], per_group, &count[gk * per_group]);
   }
   // Order-0 entropy of the symbols per (head, kind) stream, in bits (the
   // larger symbols share one bin: the same approximation for every pass).
@@ -216,16 +218,13 @@ void SectionAnalysis::QuantizeRowLloyd(const Codebook& cb, const LloydTables& t,
     uint64_t* const hist = stats->hist.data() + (size_t{h} * cb.kinds + kind) * bins;
     const size_t sum_at = (size_t{g} * cb.kinds + kind) * per_group, hist_bank = stats->hist_bank;
     double* const sum = stats->sum.data() + sum_at;
-    uint64_t* const count = stats->count.data() + sum_at;
     const size_t sum_bank = stats->sum_bank;
-    const bool want_hist = stats->want_hist;
     for (uint32_t c = c0; c < c1; ++c) {
       const size_t bank = c % LloydStats::kBanks;
       const uint32_t u = ZigZag(q[c]);
-      if (want_hist) ++hist[bank * hist_bank + std::min<size_t>(u, bins - 1)];
+      ++hist[bank * hist_bank + std::min<size_t>(u, bins - 1)];
       const size_t i = bank * sum_bank + std::min<size_t>(u, per_group);  // 1 <= u <= 2M: a level's entry
       sum[i] += (row[c] - pred[c]) * inv[c];
-      ++count[i];
     }
     c0 = c1;
   }
@@ -245,7 +244,6 @@ Codebook SectionAnalysis::Learn(float step, bool use_delta, uint32_t sample_ever
   auto pass = [&](const Codebook& c, bool last) {
     LloydStats stats(c, H, layout_.head_dim);
     stats.want_distortion = last;
-    stats.want_hist = last || grid < 0;
     Quantize<false>(step, use_delta, sample_every, [](bool, const uint32_t*, const float*, const float*) {}, &c,
                     &stats);
     stats.Fold();
