@@ -94,6 +94,32 @@ TEST(CacheGenCodec, MeetsBitsTargetWithinTolerance) {
   }
 }
 
+// Every level of a chunk with enough sections that rate control's last
+// corrections move a quarter of them: each level within 1 % of its target
+// (section bytes plus the frame bytes rate control counts: 64 fixed and 24
+// per section), with either quantizer.
+TEST(CacheGenCodec, LevelsMeetTheirBitsTargetsWithinOnePercent) {
+  const KVShape s{8, 2, 64, 256};
+  const Codec* codec = CodecByName("cachegen").value();
+  for (uint64_t seed : {1, 2})
+    for (auto quantizer : {CodecConfig::Quantizer::kUniform, CodecConfig::Quantizer::kLloyd}) {
+      const auto data = MakeChunk(s, seed);
+      CodecConfig cfg;
+      cfg.bits_per_value = 2;
+      cfg.levels = 4;
+      cfg.quantizer = quantizer;
+      auto levels = codec->Encode(ChunkF32{s, DType::kF16, 0, s.tokens, data}, cfg);
+      ASSERT_TRUE(levels.ok()) << levels.status().ToString();
+      for (size_t lv = 0; lv < levels->size(); ++lv) {
+        double bytes = 64 + 24.0 * s.layers * 2;
+        for (const EncodedSection& sec : (*levels)[lv].sections) bytes += double(sec.bytes.size());
+        const double target = 2 * std::pow(0.75, double(lv)), achieved = bytes * 8 / double(s.values());
+        EXPECT_NEAR(achieved, target, 0.01 * target) << "seed " << seed << " level " << lv << " lloyd "
+                                                     << (quantizer == CodecConfig::Quantizer::kLloyd);
+      }
+    }
+}
+
 TEST(CacheGenCodec, MoreBitsGiveHigherSnrAndLevelsDescend) {
   const KVShape s{2, 2, 32, 128};
   const auto data = MakeChunk(s, 2);
