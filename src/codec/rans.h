@@ -98,12 +98,28 @@ uint64_t EstimateStreamBytesWithTable(std::span<const uint32_t> symbols, const F
 // modes 0 and 1 for empty and constant streams); the tables may have
 // different escape thresholds. A cycle of one table, or of one table
 // repeated, writes exactly what EncodeStreamWithTable writes.
+// What coding symbols with a cycle of tables takes, from one pass over them:
+// whether they are all one value (the first), the information in bits and the
+// escape area's bytes. Rate control computes it for its estimate and gives it
+// to the encoder, which would otherwise make the same pass for its lane count.
+struct TableStreamCost {
+  bool constant = true;
+  uint32_t first = 0;
+  double bits = 0;
+  uint64_t escape_bytes = 0;
+};
+TableStreamCost CostWithTables(std::span<const uint32_t> symbols, std::span<const FreqTable* const> cycle);
+// With `cost` (CostWithTables of the same symbols and cycle) the pass is not
+// made again; the bytes are the same.
 size_t EncodeStreamWithTables(std::span<const uint32_t> symbols, std::span<const FreqTable* const> cycle,
-                              ByteWriter& out, const EncodeOptions& options = {});
+                              ByteWriter& out, const EncodeOptions& options = {},
+                              const TableStreamCost* cost = nullptr);
 // Bytes EncodeStreamWithTables would append, scaled like
 // EstimateStreamBytesWithTable(symbols, table, scale).
 uint64_t EstimateStreamBytesWithTables(std::span<const uint32_t> symbols, std::span<const FreqTable* const> cycle,
                                        double scale, const EncodeOptions& options = {});
+// The same from the symbols' cost (n symbols, scale 1).
+uint64_t EstimateStreamBytesWithTables(const TableStreamCost& cost, size_t n, const EncodeOptions& options = {});
 // The decoder's form of a FreqTable: one entry per slot (TableForm::kSymbols).
 struct DecodeTable {
   alignas(64) uint32_t entry[kProbScale];

@@ -23,7 +23,6 @@ using internal::CodedBits;
 using internal::CodingTable;
 using internal::CostsWithTables;
 using internal::Count;
-using internal::CycleCosts;
 using internal::CycleTables;
 using internal::kL;
 using internal::LanesFor;
@@ -318,41 +317,20 @@ size_t EncodeStream(std::span<const uint32_t> symbols, const SymbolCounts& count
 
 size_t EncodeStreamWithTable(std::span<const uint32_t> symbols, const FreqTable& table, ByteWriter& out,
                              const EncodeOptions& options) {
-  const size_t n = symbols.size();
-  const size_t start = out.size();
-  if (n == 0) {
-    out.U8(kModeEmpty);
-    return 1;
-  }
-  const uint32_t e = table.escape;
-  uint64_t escape_bytes = 0;
-  std::array<uint64_t, kMaxAlphabet> count{};  // of symbols 0..E, values >= E on E
-  bool constant = true;
-  for (uint32_t v : symbols) {
-    constant = constant && v == symbols[0];
-    if (v >= e) escape_bytes += VarintLen(v - e);
-    ++count[std::min(v, e)];
-  }
-  if (constant) {
-    out.U8(kModeConstant);
-    out.Varint(symbols[0]);
-    return out.size() - start;
-  }
-  const uint32_t lanes = LanesFor(CodedBits(count.data(), table.freq.data(), e), n, options);
-  const CodingTable t{table.escape, table.freq.data()};
-  return WriteRans(symbols, {&t, 1}, {}, lanes, escape_bytes, /*inline_table=*/false, out);
+  const FreqTable* const one[1] = {&table};
+  return EncodeStreamWithTables(symbols, one, out, options);
 }
 
 size_t EncodeStreamWithTables(std::span<const uint32_t> symbols, std::span<const FreqTable* const> cycle,
-                              ByteWriter& out, const EncodeOptions& options) {
-  if (SameTable(cycle)) return EncodeStreamWithTable(symbols, *cycle[0], out, options);
+                              ByteWriter& out, const EncodeOptions& options, const TableStreamCost* cost) {
+  if (SameTable(cycle)) cycle = cycle.first(1);
   const size_t start = out.size();
   if (symbols.empty()) {
     out.U8(kModeEmpty);
     return 1;
   }
   const CycleTables ct(cycle);
-  const CycleCosts c = CostsWithTables(symbols, ct);
+  const TableStreamCost c = cost ? *cost : CostsWithTables(symbols, ct);
   if (c.constant) {
     out.U8(kModeConstant);
     out.Varint(symbols[0]);

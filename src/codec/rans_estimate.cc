@@ -14,7 +14,6 @@ namespace cachegen::rans {
 using internal::CodedBits;
 using internal::CostsWithTables;
 using internal::Count;
-using internal::CycleCosts;
 using internal::CycleTables;
 using internal::kVarintStep;
 using internal::LanesFor;
@@ -108,11 +107,22 @@ uint64_t EstimateStreamBytes(std::span<const uint64_t> histogram, const EncodeOp
   return EstimateFromStats(st.s, options);
 }
 
+TableStreamCost CostWithTables(std::span<const uint32_t> symbols, std::span<const FreqTable* const> cycle) {
+  if (symbols.empty()) return {};
+  return CostsWithTables(symbols, CycleTables(SameTable(cycle) ? cycle.first(1) : cycle));
+}
+
+uint64_t EstimateStreamBytesWithTables(const TableStreamCost& cost, size_t n, const EncodeOptions& options) {
+  if (n == 0) return 1;
+  if (cost.constant) return 1 + VarintLen(cost.first);
+  return RansStreamBytes(cost.bits, LanesFor(cost.bits, n, options), cost.escape_bytes, /*table_bytes=*/0);
+}
+
 uint64_t EstimateStreamBytesWithTables(std::span<const uint32_t> symbols, std::span<const FreqTable* const> cycle,
                                        double scale, const EncodeOptions& options) {
   if (SameTable(cycle)) return EstimateStreamBytesWithTable(symbols, *cycle[0], scale, options);
   if (symbols.empty()) return 1;
-  const CycleCosts c = CostsWithTables(symbols, CycleTables(cycle));
+  const TableStreamCost c = CostsWithTables(symbols, CycleTables(cycle));
   if (c.constant) return 1 + VarintLen(symbols[0]);
   const double bits = c.bits * scale;
   const auto n = static_cast<uint64_t>(double(symbols.size()) * scale + 0.5);

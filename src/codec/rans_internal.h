@@ -127,16 +127,10 @@ struct CycleTables {
   }
 };
 
-// What EncodeStreamWithTables decides from a non-empty stream's symbols:
-// constant or not, the escape area and the coded information.
-// Shared: made by the model (rans_model.cc), so that
+// CostWithTables (rans.h) of a non-empty stream with the cycle's distinct
+// tables. Shared: made by the model (rans_model.cc), so that
 // EstimateStreamBytesWithTables decides exactly as the encoder does.
-struct CycleCosts {
-  bool constant = true;
-  uint64_t escape_bytes = 0;
-  double bits = 0;
-};
-CycleCosts CostsWithTables(std::span<const uint32_t> symbols, const CycleTables& ct);
+TableStreamCost CostsWithTables(std::span<const uint32_t> symbols, const CycleTables& ct);
 // True when every entry of the cycle is the same table: coded as one table.
 // Shared: the encoder and the estimates take the one-table path on it.
 bool SameTable(std::span<const FreqTable* const> cycle);

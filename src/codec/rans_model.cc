@@ -201,8 +201,9 @@ SymbolCounts Count(std::span<const uint32_t> symbols) {
   return c;
 }
 
-CycleCosts CostsWithTables(std::span<const uint32_t> symbols, const CycleTables& ct) {
-  CycleCosts c;
+TableStreamCost CostsWithTables(std::span<const uint32_t> symbols, const CycleTables& ct) {
+  TableStreamCost c;
+  c.first = symbols[0];
   const size_t period = ct.which.size(), tables = ct.distinct.size();
   c.constant = std::all_of(symbols.begin(), symbols.end(), [&](uint32_t v) { return v == symbols[0]; });
   // Each distinct table's counts of symbols 0..E back to back (table t's from

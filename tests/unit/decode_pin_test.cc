@@ -3,6 +3,9 @@
 // hashes were recorded with the straightforward decoder before the decoder
 // was optimised (docs/PERFORMANCE.md): a faster decoder must reproduce its
 // output bit for bit, for every output dtype, strided views and thread counts.
+// Where an encoder change moved a case's bytes (default_odd_tokens: rate
+// control's first correction takes a bounded slope), its hashes were
+// re-recorded, the decoded ones from the reference schedule (CACHEGEN_SIMD=0).
 //
 // The inputs use integer arithmetic from std::mt19937_64 (whose output the
 // standard fixes) and float adds/multiplies only, so they are identical
@@ -139,7 +142,7 @@ struct Pinned {
   uint64_t encoded, f32, f16, bf16;
 };
 const Pinned kPinned[] = {
-    {0x16247a6ea3bd44efull, 0xfa8fcb5950a2bf4full, 0x924a8dec3246b6b3ull, 0xff32c3f2869a79acull},  // default_odd_tokens
+    {0xf4d6b5ed01277570ull, 0x8face2471ffe4386ull, 0x32f9d19dbc384149ull, 0xafec7a544b50f80cull},  // default_odd_tokens
     {0x96b492d6ab72ee5eull, 0x8e8d09ccf039e437ull, 0xb2fdae7a05212f64ull, 0x09b06dc81447947dull},  // production_head_256
     {0x9327d34c6bd034c1ull, 0x0a531b4f4f41d6c5ull, 0x701a7c093aca6be1ull, 0x3b57b80b8d1158a0ull},  // rotate_bits3_levels2
     {0xf72db50eb022aed8ull, 0x6778a4a65e31226cull, 0xa2bcd7b722595ad0ull, 0x1c44309eeac6be86ull},  // recent_exact

@@ -61,16 +61,16 @@ constexpr double kFrameBytesPerSection = 24;
 // its target, and when the full data's exact size is within this one.
 constexpr double kSampledTolerance = 0.002;
 constexpr double kFullTolerance = 0.003;
-// Full-data corrections that move every section: up to kFullCorrections
-// while the size is more than kWholeCorrectionAbove off, and more (up to
-// kMaxFullCorrections) while it is beyond kFullLimit (near a profile grid
-// boundary the size can jump by several percent). Then up to
-// kPartialCorrections that move one section in kCorrectedShare, toward
-// kFullTolerance (CorrectSome), where a chunk has at least
-// kMinSectionsToCorrectSome sections (with fewer, the moved sections'
-// steps would move far: every section moves until the tolerance is met).
+// Full-data corrections that move every section: with fewer than
+// kMinSectionsToCorrectSome sections, up to kFullCorrections toward
+// kFullTolerance, and more (up to kMaxFullCorrections) while beyond
+// kFullLimit (near a profile grid boundary the size can jump by several
+// percent); with more sections, up to kMaxFullCorrections while beyond
+// kWholeCorrectionAbove, then up to kPartialCorrections that move one
+// section in kCorrectedShare toward kFullTolerance (CorrectSome; in a chunk
+// of few sections the moved ones' steps would move far).
 constexpr int kFullCorrections = 2, kMaxFullCorrections = 4, kPartialCorrections = 3;
-constexpr double kWholeCorrectionAbove = 0.02, kFullLimit = 0.02;
+constexpr double kWholeCorrectionAbove = 0.02, kFullLimit = 0.008;
 constexpr uint32_t kCorrectedShare = 4, kMinSectionsToCorrectSome = 8;
 // The slope (bits/value per doubling of the step) the first full-data
 // correction takes is the sampled search's, within these.
@@ -550,7 +550,7 @@ class CacheGenCodec final : public Codec {
     // tolerance, when there are too few sections to move some of them only).
     const double whole_above = n >= kMinSectionsToCorrectSome ? kWholeCorrectionAbove : kFullTolerance;
     for (int iter = 0; iter < kMaxFullCorrections && off(best, kFullTolerance) &&
-                       (iter < kFullCorrections ? off(best, whole_above) : off(best, kFullLimit));
+                       off(best, iter < kFullCorrections ? whole_above : std::max(whole_above, kFullLimit));
          ++iter) {
       const double xb = std::clamp(xa - fa / slope, std::max(-20.0, xa - 4), std::min(20.0, xa + 4));
       CG_ASSIGN_OR_RETURN(double fb, bits_at(xb, 1, spare, q));

@@ -484,6 +484,7 @@ double SectionAnalysis::FillStreams(float step, bool use_delta, uint32_t sample_
     q->cb = Learn(step, use_delta,
                   sample_every > 1 ? sample_every : static_cast<uint32_t>(std::max<uint64_t>(1, learn_every)));
   q->counts.clear();  // stale once the symbols change
+  q->table_costs.clear();
   // Rows of each stream kind in the sampled groups (Quantize's order).
   size_t rows[2] = {0, 0};
   uint32_t groups = 0, sampled = 0;
@@ -526,12 +527,20 @@ void SectionAnalysis::QuantizeStreams(float step, bool use_delta, uint32_t sampl
   // The counts are kept for Encode.
   double stream_bytes = g >= 0 ? 1 : 0;  // the grid point byte
   q->counts.resize(g >= 0 ? 0 : size_t{H} * 2);
+  q->table_costs.resize(g >= 0 && sample_every == 1 ? size_t{H} * 2 : 0);
   for (uint32_t s = 0; s < H * 2; ++s) {
     if ((s & 1) && !use_delta) continue;
     const std::span<const uint32_t> sym(q->symbols.get() + q->begin[s], q->begin[s + 1] - q->begin[s]);
     if (g >= 0) {
       const std::vector<const rans::FreqTable*>& cycle = StreamTables(*layout_.profile, layout_.section, g, s / 2, s & 1);
-      stream_bytes += static_cast<double>(rans::EstimateStreamBytesWithTables(sym, cycle, scale, kTableFormOptions));
+      if (q->table_costs.empty()) {
+        stream_bytes += static_cast<double>(rans::EstimateStreamBytesWithTables(sym, cycle, scale, kTableFormOptions));
+        continue;
+      }
+      // The full data's cost is kept for Encode.
+      q->table_costs[s] = rans::CostWithTables(sym, cycle);
+      stream_bytes += static_cast<double>(rans::EstimateStreamBytesWithTables(q->table_costs[s], sym.size(),
+                                                                              kTableFormOptions));
       continue;
     }
     rans::SymbolCounts& counts = q->counts[s];
@@ -601,7 +610,8 @@ void SectionAnalysis::Encode(const QuantizedSection& q, std::vector<uint8_t>* ou
     const size_t s = 2 * h + kind;
     const std::span<const uint32_t> sym(q.symbols.get() + q.begin[s], q.begin[s + 1] - q.begin[s]);
     if (g >= 0)
-      return rans::EncodeStreamWithTables(sym, StreamTables(*prof, layout_.section, g, h, kind), w, kTableFormOptions);
+      return rans::EncodeStreamWithTables(sym, StreamTables(*prof, layout_.section, g, h, kind), w, kTableFormOptions,
+                                          q.table_costs.size() > s ? &q.table_costs[s] : nullptr);
     return q.counts.size() > s ? rans::EncodeStream(sym, q.counts[s], w) : rans::EncodeStream(sym, w);
   };
   for (uint32_t h = 0; h < H; ++h) {

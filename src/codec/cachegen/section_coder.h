@@ -127,7 +127,8 @@ struct QuantizedSection {
   std::unique_ptr<uint32_t[]> symbols;
   size_t capacity = 0;  // symbols allocated
   std::vector<size_t> begin;
-  std::vector<rans::SymbolCounts> counts;  // per stream (uniform tables only)
+  std::vector<rans::SymbolCounts> counts;  // per stream (inline tables only)
+  std::vector<rans::TableStreamCost> table_costs;  // per stream (profile tables, full data only)
   double bytes = 0;  // estimated section bytes, scaled to all groups when sampled
 };
 
