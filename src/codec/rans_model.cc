@@ -11,6 +11,11 @@
 
 #include "codec/rans.h"
 #include "codec/rans_internal.h"
+#include "common/simd.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace cachegen::rans {
 namespace internal {
@@ -201,27 +206,91 @@ SymbolCounts Count(std::span<const uint32_t> symbols) {
   return c;
 }
 
+namespace {
+
+// Sums of each symbol's cost cost[base_i + min(v_i, e_i)] into 8 lanes,
+// symbol i into lane i % 8 (in order), which TableCosts adds up in lane
+// order: the AVX2 form and the scalar one give the same bits. Also the
+// escape bytes, and whether any symbol differs from the first.
+struct LaneSums {
+  double lane[8] = {};
+  uint64_t escape_bytes = 0;
+  uint32_t differs = 0;
+};
+void AddCost(LaneSums& s, size_t i, uint32_t v, uint32_t e, int32_t base, const float* cost, uint32_t first) {
+  s.differs |= v ^ first;
+  if (v >= e) s.escape_bytes += VarintLen(v - e);
+  s.lane[i % 8] += static_cast<double>(cost[base + static_cast<int32_t>(std::min(v, e))]);
+}
+#if defined(__x86_64__)
+// 8 symbols at a time where every 8 consecutive symbols keep their table
+// positions (one table, or a period that is a multiple of 8): one gather
+// of the 8 costs; returns how many symbols it did.
+__attribute__((target("avx2"))) size_t AddCostsAvx2(LaneSums& s, std::span<const uint32_t> symbols,
+                                                    const int32_t* base, const uint32_t* e_at, size_t period,
+                                                    const float* cost, uint32_t first) {
+  const size_t n = symbols.size() / 8 * 8;
+  __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+  __m256i differs = _mm256_setzero_si256();
+  const __m256i f = _mm256_set1_epi32(static_cast<int>(first));
+  for (size_t i = 0, p = 0; i < n; i += 8, p = p + 8 >= period ? 0 : p + 8) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(symbols.data() + i));
+    const size_t q = period == 1 ? 0 : p;
+    const __m256i e = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(e_at + q));
+    const __m256i m = _mm256_min_epu32(v, e);
+    differs = _mm256_or_si256(differs, _mm256_xor_si256(v, f));
+    if (_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(m, e))))
+      for (size_t j = 0; j < 8; ++j)
+        if (symbols[i + j] >= e_at[q + j]) s.escape_bytes += VarintLen(symbols[i + j] - e_at[q + j]);
+    const __m256i at = _mm256_add_epi32(m, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + q)));
+    const __m256 c = _mm256_i32gather_ps(cost, at, 4);
+    lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(c)));
+    hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(c, 1)));
+  }
+  alignas(32) double l[8];
+  _mm256_store_pd(l, lo);
+  _mm256_store_pd(l + 4, hi);
+  for (int j = 0; j < 8; ++j) s.lane[j] += l[j];
+  alignas(32) uint32_t d[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(d), differs);
+  for (uint32_t x : d) s.differs |= x;
+  return n;
+}
+#endif
+
+}  // namespace
+
 TableStreamCost CostsWithTables(std::span<const uint32_t> symbols, const CycleTables& ct) {
   TableStreamCost c;
   c.first = symbols[0];
   const size_t period = ct.which.size(), tables = ct.distinct.size();
-  c.constant = std::all_of(symbols.begin(), symbols.end(), [&](uint32_t v) { return v == symbols[0]; });
-  // Each distinct table's counts of symbols 0..E back to back (table t's from
-  // off[t]: only its own alphabet is cleared); position p counts at at[p].
-  std::vector<uint32_t> off(tables + 1, 0), at(period), e_at(period);
-  for (size_t t = 0; t < tables; ++t) off[t + 1] = off[t] + ct.distinct[t]->escape + 1;
-  for (size_t p = 0; p < period; ++p) {
-    at[p] = off[ct.which[p]];
-    e_at[p] = ct.distinct[ct.which[p]]->escape;
-  }
-  std::vector<uint64_t> count(off.back(), 0);
-  for (size_t i = 0, p = 0; i < symbols.size(); ++i, p = p + 1 == period ? 0 : p + 1) {
-    const uint32_t v = symbols[i], e = e_at[p];
-    if (v >= e) c.escape_bytes += VarintLen(v - e);
-    ++count[at[p] + std::min(v, e)];
-  }
+  // Each distinct table's symbol costs (bits) back to back, table t's from
+  // off[t]; position p's at base[p], escape threshold e_at[p] (repeated to
+  // 8 entries for a single table).
+  std::vector<int32_t> off(tables + 1, 0);
+  for (size_t t = 0; t < tables; ++t) off[t + 1] = off[t] + static_cast<int32_t>(ct.distinct[t]->escape + 1);
+  std::vector<float> cost(static_cast<size_t>(off.back()));
   for (size_t t = 0; t < tables; ++t)
-    c.bits += CodedBits(count.data() + off[t], ct.distinct[t]->freq.data(), ct.distinct[t]->escape);
+    for (uint32_t v = 0; v <= ct.distinct[t]->escape; ++v)
+      cost[size_t(off[t]) + v] = static_cast<float>(kProbBits - std::log2(double(ct.distinct[t]->freq[v])));
+  const size_t entries = std::max<size_t>(period, 8);
+  std::vector<int32_t> base(entries);
+  std::vector<uint32_t> e_at(entries);
+  for (size_t p = 0; p < entries; ++p) {
+    base[p] = off[ct.which[p % period]];
+    e_at[p] = ct.distinct[ct.which[p % period]]->escape;
+  }
+  LaneSums sums;
+  size_t done = 0;
+#if defined(__x86_64__)
+  if ((period == 1 || period % 8 == 0) && simd::Avx2())
+    done = AddCostsAvx2(sums, symbols, base.data(), e_at.data(), period, cost.data(), c.first);
+#endif
+  for (size_t i = done, p = done % period; i < symbols.size(); ++i, p = p + 1 == period ? 0 : p + 1)
+    AddCost(sums, i, symbols[i], e_at[p], base[p], cost.data(), c.first);
+  c.constant = sums.differs == 0;
+  c.escape_bytes = sums.escape_bytes;
+  for (double lane : sums.lane) c.bits += lane;
   return c;
 }
 

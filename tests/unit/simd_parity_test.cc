@@ -109,7 +109,8 @@ TEST_F(SimdParity, RansEncodeMatchesScalar) {
 // Table cycles (channel classes): a cycle whose period is a multiple of 8
 // takes the AVX2 rounds, each lane its position's table; any other period
 // the scalar loop. Same bytes either way, escapes of each table's own
-// threshold included, and the stream decodes back.
+// threshold included, and the stream decodes back; CostWithTables (the
+// AVX2 gathers of symbol costs) gives the scalar sums.
 TEST_F(SimdParity, RansCycleEncodeMatchesScalar) {
   std::mt19937_64 rng(29);
   std::vector<rans::FreqTable> tables;
@@ -135,13 +136,19 @@ TEST_F(SimdParity, RansCycleEncodeMatchesScalar) {
       std::vector<uint32_t> v(n);
       for (uint32_t& x : v) x = rng() % 40 == 0 ? uint32_t(rng() % 300) : uint32_t(rng() % 8);
       std::vector<uint8_t> out[2];
+      rans::TableStreamCost cost[2];
       for (int avx = 0; avx < 2; ++avx) {
         simd::SetEnabled(avx == 1);
         ByteWriter w(&out[avx]);
         rans::EncodeStreamWithTables(v, cycle, w);
+        cost[avx] = rans::CostWithTables(v, cycle);
       }
       const std::string at = "period " + std::to_string(period) + " n " + std::to_string(n);
       ASSERT_EQ(out[0], out[1]) << at;
+      EXPECT_EQ(cost[0].bits, cost[1].bits) << at;  // the same sums in the same order
+      EXPECT_EQ(cost[0].escape_bytes, cost[1].escape_bytes) << at;
+      EXPECT_EQ(cost[0].constant, cost[1].constant) << at;
+      if (n >= 1000) EXPECT_GT(cost[1].escape_bytes, 0u) << at;  // values up to 300 against escapes of 8-26
       ByteReader r(out[1]);
       std::vector<uint32_t> back(n);
       ASSERT_TRUE(rans::DecodeStreamWithTables(r, dcycle, back).ok()) << at;
