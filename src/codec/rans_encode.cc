@@ -212,8 +212,8 @@ size_t WriteRans(std::span<const uint32_t> symbols, std::span<const CodingTable>
   std::vector<EncSymbol> encs;
   std::vector<size_t> enc_at(tables.size(), SIZE_MAX);
   std::vector<const EncSymbol*> enc_of(period);
-  for (size_t i = stop; i < n; ++i) {
-    const size_t t = which[i % period];
+  for (size_t k = 0; k < std::min(n - stop, period); ++k) {  // the positions the scalar loop visits
+    const size_t t = which[(stop + k) % period];
     if (enc_at[t] != SIZE_MAX) continue;
     enc_at[t] = encs.size();
     for (uint32_t v = 0, cum = 0; v <= tables[t].e; cum += tables[t].freq[v], ++v)
