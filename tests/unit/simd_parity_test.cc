@@ -148,7 +148,9 @@ TEST_F(SimdParity, RansCycleEncodeMatchesScalar) {
       EXPECT_EQ(cost[0].bits, cost[1].bits) << at;  // the same sums in the same order
       EXPECT_EQ(cost[0].escape_bytes, cost[1].escape_bytes) << at;
       EXPECT_EQ(cost[0].constant, cost[1].constant) << at;
-      if (n >= 1000) EXPECT_GT(cost[1].escape_bytes, 0u) << at;  // values up to 300 against escapes of 8-26
+      if (n >= 1000) {  // values up to 300 against escapes of 8-26
+        EXPECT_GT(cost[1].escape_bytes, 0u) << at;
+      }
       ByteReader r(out[1]);
       std::vector<uint32_t> back(n);
       ASSERT_TRUE(rans::DecodeStreamWithTables(r, dcycle, back).ok()) << at;
