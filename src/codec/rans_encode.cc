@@ -23,6 +23,7 @@ using internal::CodedBits;
 using internal::CodingTable;
 using internal::CostsWithTables;
 using internal::Count;
+using internal::CycleLayout;
 using internal::CycleTables;
 using internal::kL;
 using internal::LanesFor;
@@ -194,8 +195,8 @@ size_t WriteRans(std::span<const uint32_t> symbols, std::span<const CodingTable>
   std::vector<uint8_t> esc;
   esc.reserve(escape_bytes);
   ByteWriter ew(&esc);
-  std::vector<uint32_t> e_at(period);
-  for (size_t p = 0; p < period; ++p) e_at[p] = tables[which[p]].e;
+  const CycleLayout at(tables, which);
+  const std::vector<uint32_t>& e_at = at.e_at;
   size_t done = 0;
 #if defined(__x86_64__)
   if (simd) done = ByteSymbolsAvx2(symbols.data(), n, e_at.data(), period, syms.get(), ew);
@@ -250,10 +251,8 @@ size_t WriteRans(std::span<const uint32_t> symbols, std::span<const CodingTable>
   }
 #if defined(__x86_64__)
   if (stop) {
-    // Each table's fc and inv entries back to back, table t's from off[t];
-    // base[p] = the offset of position p's table.
-    std::vector<int32_t> off(tables.size() + 1, 0);
-    for (size_t t = 0; t < tables.size(); ++t) off[t + 1] = off[t] + static_cast<int32_t>(tables[t].e + 1);
+    // Each table's fc and inv entries back to back (CycleLayout).
+    const std::vector<int32_t>& off = at.off;
     std::unique_ptr<uint32_t[]> fc(new uint32_t[size_t(off.back())]);
     std::unique_ptr<double[]> inv(new double[size_t(off.back())]);
     for (size_t t = 0; t < tables.size(); ++t)
@@ -261,10 +260,8 @@ size_t WriteRans(std::span<const uint32_t> symbols, std::span<const CodingTable>
         fc[size_t(off[t]) + v] = tables[t].freq[v] | (cum << 16);
         inv[size_t(off[t]) + v] = tables[t].freq[v] ? 1.0 / tables[t].freq[v] : 0.0;
       }
-    std::vector<int32_t> base(std::max<size_t>(period, 8));
-    for (size_t q = 0; q < base.size(); ++q) base[q] = off[which[q % period]];
-    pos = EncodeRounds8Avx2(syms.get(), stop / 8, fc.get(), inv.get(), base.data(), base.size() / 8, x, words.get(),
-                            pos);
+    pos = EncodeRounds8Avx2(syms.get(), stop / 8, fc.get(), inv.get(), at.base.data(), at.base.size() / 8, x,
+                            words.get(), pos);
   }
 #endif
   for (uint32_t j = lanes; j-- > 0;) {

@@ -127,6 +127,17 @@ struct CycleTables {
   }
 };
 
+// Where a cycle's tables lie when each one's E + 1 entries are stored back to
+// back (what the AVX2 loops gather from): table t's from off[t] (off[tables]
+// = all entries); position p's table at base[p], its escape threshold at
+// e_at[p], over max(period, 8) positions (p % period's: one table fills 8).
+// Shared: the encoder's rounds and the cost sums.
+struct CycleLayout {
+  std::vector<int32_t> off, base;
+  std::vector<uint32_t> e_at;
+  CycleLayout(std::span<const CodingTable> tables, std::span<const uint32_t> which);
+};
+
 // CostWithTables (rans.h) of a non-empty stream with the cycle's distinct
 // tables. Shared: made by the model (rans_model.cc), so that
 // EstimateStreamBytesWithTables decides exactly as the encoder does.

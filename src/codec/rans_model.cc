@@ -260,34 +260,33 @@ __attribute__((target("avx2"))) size_t AddCostsAvx2(LaneSums& s, std::span<const
 
 }  // namespace
 
+CycleLayout::CycleLayout(std::span<const CodingTable> tables, std::span<const uint32_t> which)
+    : off(tables.size() + 1, 0), base(std::max<size_t>(which.size(), 8)), e_at(base.size()) {
+  for (size_t t = 0; t < tables.size(); ++t) off[t + 1] = off[t] + static_cast<int32_t>(tables[t].e + 1);
+  for (size_t p = 0; p < base.size(); ++p) {
+    base[p] = off[which[p % which.size()]];
+    e_at[p] = tables[which[p % which.size()]].e;
+  }
+}
+
 TableStreamCost CostsWithTables(std::span<const uint32_t> symbols, const CycleTables& ct) {
   TableStreamCost c;
   c.first = symbols[0];
   const size_t period = ct.which.size(), tables = ct.distinct.size();
-  // Each distinct table's symbol costs (bits) back to back, table t's from
-  // off[t]; position p's at base[p], escape threshold e_at[p] (repeated to
-  // 8 entries for a single table).
-  std::vector<int32_t> off(tables + 1, 0);
-  for (size_t t = 0; t < tables; ++t) off[t + 1] = off[t] + static_cast<int32_t>(ct.distinct[t]->escape + 1);
-  std::vector<float> cost(static_cast<size_t>(off.back()));
+  // Each distinct table's symbol costs (bits) back to back.
+  const CycleLayout at(ct.Coding(), ct.which);
+  std::vector<float> cost(static_cast<size_t>(at.off.back()));
   for (size_t t = 0; t < tables; ++t)
     for (uint32_t v = 0; v <= ct.distinct[t]->escape; ++v)
-      cost[size_t(off[t]) + v] = static_cast<float>(kProbBits - std::log2(double(ct.distinct[t]->freq[v])));
-  const size_t entries = std::max<size_t>(period, 8);
-  std::vector<int32_t> base(entries);
-  std::vector<uint32_t> e_at(entries);
-  for (size_t p = 0; p < entries; ++p) {
-    base[p] = off[ct.which[p % period]];
-    e_at[p] = ct.distinct[ct.which[p % period]]->escape;
-  }
+      cost[size_t(at.off[t]) + v] = static_cast<float>(kProbBits - std::log2(double(ct.distinct[t]->freq[v])));
   LaneSums sums;
   size_t done = 0;
 #if defined(__x86_64__)
   if ((period == 1 || period % 8 == 0) && simd::Avx2())
-    done = AddCostsAvx2(sums, symbols, base.data(), e_at.data(), period, cost.data(), c.first);
+    done = AddCostsAvx2(sums, symbols, at.base.data(), at.e_at.data(), period, cost.data(), c.first);
 #endif
   for (size_t i = done, p = done % period; i < symbols.size(); ++i, p = p + 1 == period ? 0 : p + 1)
-    AddCost(sums, i, symbols[i], e_at[p], base[p], cost.data(), c.first);
+    AddCost(sums, i, symbols[i], at.e_at[p], at.base[p], cost.data(), c.first);
   c.constant = sums.differs == 0;
   c.escape_bytes = sums.escape_bytes;
   for (double lane : sums.lane) c.bits += lane;
