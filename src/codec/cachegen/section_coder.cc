@@ -97,7 +97,7 @@ constexpr double kReuseCodebookOctaves = 0.125;
 // What one quantization pass saw: symbol counts per (head, kind) for the rate
 // term, sums of the normalized residuals per (group, kind, symbol) for
 // centroids. Learning keeps one codebook per head (group = head), so the
-// centroids' counts are the histogram's (Fold copies them).
+// centroids' counts are the histogram's (Count).
 struct SectionAnalysis::LloydStats {
   // A pass accumulates into kBanks copies, channel c into bank c % kBanks
   // (consecutive values mostly take the same symbol: one copy would chain
@@ -109,7 +109,6 @@ struct SectionAnalysis::LloydStats {
   // level) and symbols above 2M add to an entry no reader uses (the u = 0
   // entry of the run, or of the next run), which keeps the adds branch-free.
   std::vector<double> sum;
-  std::vector<uint64_t> count;
   size_t hist_bank = 0, sum_bank = 0;  // entries per bank
   double distortion = 0;  // sum of squared errors in units of the step
   // Whether the pass measures the distortion (a middle pass of learning
@@ -119,20 +118,17 @@ struct SectionAnalysis::LloydStats {
       : bins(2 * cb.levels + 3),
         hist(kBanks * size_t{heads} * cb.kinds * bins),
         sum(kBanks * (size_t{cb.groups(heads * head_dim)} * cb.kinds * (2 * cb.levels + 1) + 1)),
-        count(sum.size()),
         hist_bank(hist.size() / kBanks),
         sum_bank(sum.size() / kBanks) {}
-  // Sums the banks into the first (in bank order), which readers then use,
-  // and takes the counts from the histogram.
+  // Sums the banks into the first (in bank order), which readers then use.
   void Fold() {
     for (uint32_t b = 1; b < kBanks; ++b) {
       for (size_t i = 0; i < hist_bank; ++i) hist[i] += hist[b * hist_bank + i];
       for (size_t i = 0; i < sum_bank; ++i) sum[i] += sum[b * sum_bank + i];
     }
-    const size_t per_group = bins - 2;  // 2M + 1
-    for (size_t gk = 0; gk * bins < hist_bank; ++gk)
-      std::copy_n(&hist[gk * bins], per_group, &count[gk * per_group]);
   }
+  // After Fold: how many values of (group, kind) gk took symbol u <= 2M.
+  uint64_t Count(size_t gk, uint32_t u) const { return hist[gk * bins + u]; }
   // Order-0 entropy of the symbols per (head, kind) stream, in bits (the
   // larger symbols share one bin: the same approximation for every pass).
   double EntropyBits() const {
@@ -193,13 +189,15 @@ void SectionAnalysis::QuantizeRowLloyd(const Codebook& cb, const LloydTables& t,
       q[c] = UnZigZag(static_cast<uint32_t>(q[c]));
       level[c] = static_cast<float>(q[c]);
     }
-  }
-  for (uint32_t c0 = 0; c0 < C && !t.plain;) {  // runs of channels sharing a codebook
-    const uint32_t group = c0 / G, c1 = std::min(C, (group + 1) * G);
-    const LloydRowInput in{row + c0, pred + c0, st + c0, inv + c0, c1 - c0, t.levels.data() + cb.LevelOffset(kind, c0),
-                           M, t.thr.data() + size_t{kind} * 2 * (M + 1) * C + c0, C};
-    LloydRow(in, q + c0, rec + c0, level + c0);
-    c0 = c1;
+  } else {
+    for (uint32_t c0 = 0; c0 < C;) {  // runs of channels sharing a codebook
+      const uint32_t group = c0 / G, c1 = std::min(C, (group + 1) * G);
+      const LloydRowInput in{row + c0, pred + c0, st + c0, inv + c0, c1 - c0,
+                             t.levels.data() + cb.LevelOffset(kind, c0), M,
+                             t.thr.data() + size_t{kind} * 2 * (M + 1) * C + c0, C};
+      LloydRow(in, q + c0, rec + c0, level + c0);
+      c0 = c1;
+    }
   }
   if (!stats) return;
   // What the pass saw, per head: the symbols' histogram, and per codebook
@@ -257,8 +255,8 @@ Codebook SectionAnalysis::Learn(float step, bool use_delta, uint32_t sample_ever
     for (size_t gk = 0; gk < size_t{c.groups(C)} * c.kinds; ++gk)
       for (uint32_t u = 1; u <= 2 * M; ++u) {
         const size_t i = gk * (2 * sm + 1) + u;
-        if (st.count[i] == 0) continue;
-        const double off = st.sum[i] / double(st.count[i]) - UnZigZag(u);
+        if (st.Count(gk, u) == 0) continue;
+        const double off = st.sum[i] / double(st.Count(gk, u)) - UnZigZag(u);
         c.offsets[gk * 2 * M + u - 1] = static_cast<int8_t>(std::clamp(std::nearbyint(off * 128), -128.0, 127.0));
       }
     // Per head, or per channel class where the profile's tables are per class.
@@ -292,7 +290,7 @@ Codebook SectionAnalysis::Learn(float step, bool use_delta, uint32_t sample_ever
   for (uint32_t m = 1; m <= kMaxCodebookLevels; ++m) {
     uint64_t n = 0;
     for (size_t gk = 0; gk < size_t{cb.groups(C)} * cb.kinds; ++gk)
-      n += st.count[gk * (2 * kMaxCodebookLevels + 1) + 2 * m - 1] + st.count[gk * (2 * kMaxCodebookLevels + 1) + 2 * m];
+      n += st.Count(gk, 2 * m - 1) + st.Count(gk, 2 * m);
     if (n >= kCodebookMinCount) M = m;
   }
   cb.levels = M;
