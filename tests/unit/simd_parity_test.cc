@@ -680,23 +680,30 @@ TEST_F(SimdParity, HeadTransformMatchesScalar) {
       EXPECT_EQ(std::memcmp(fast.data(), slow.data(), d * sizeof(float)), 0) << "d " << d << " avx512 " << avx512;
     }
     simd::SetAvx512Enabled(true);
-    // Several rows at once: each row the single-row bits.
-    for (uint32_t rows : {1u, 2u, 3u, 4u, 5u, 9u}) {
-      std::vector<float> many(size_t{rows} * d), outs(size_t{rows} * d);
-      for (float& v : many) v = normal(rng) * 10;
-      for (bool avx512 : {false, true}) {
-        simd::SetAvx512Enabled(avx512);
-        TransposeTimesRows(a.data(), many.data(), outs.data(), d, rows);
-        for (uint32_t i = 0; i < rows; ++i) {
-          simd::SetEnabled(false);
-          TransposeTimes(a.data(), many.data() + size_t{i} * d, slow.data(), d);
-          simd::SetEnabled(true);
-          EXPECT_EQ(std::memcmp(outs.data() + size_t{i} * d, slow.data(), d * sizeof(float)), 0)
-              << "d " << d << " rows " << rows << " row " << i << " avx512 " << avx512;
+    // Several rows at once, packed or strided (the encoder's rows of one head
+    // among a token's heads): each row the single-row bits, the gaps between
+    // rows left as they were.
+    for (uint32_t rows : {1u, 2u, 3u, 4u, 5u, 9u})
+      for (size_t stride : {size_t{d}, size_t{d} * 3 + 1}) {
+        std::vector<float> many(rows * stride), outs(rows * stride, -7.0f);
+        for (float& v : many) v = normal(rng) * 10;
+        for (bool avx512 : {false, true}) {
+          simd::SetAvx512Enabled(avx512);
+          TransposeTimesRows(a.data(), many.data(), outs.data(), d, rows, stride);
+          for (uint32_t i = 0; i < rows; ++i) {
+            simd::SetEnabled(false);
+            TransposeTimes(a.data(), many.data() + i * stride, slow.data(), d);
+            simd::SetEnabled(true);
+            EXPECT_EQ(std::memcmp(outs.data() + i * stride, slow.data(), d * sizeof(float)), 0)
+                << "d " << d << " rows " << rows << " stride " << stride << " row " << i << " avx512 " << avx512;
+          }
+          for (size_t at = 0; at < outs.size(); ++at)
+            if (at % stride >= d) {
+              ASSERT_EQ(outs[at], -7.0f) << "d " << d << " stride " << stride << " at " << at;
+            }
         }
+        simd::SetAvx512Enabled(true);
       }
-      simd::SetAvx512Enabled(true);
-    }
     TransposeTimes(a.data(), in.data(), fast.data(), d);
     simd::SetEnabled(false);
     TransposeTimes(a.data(), in.data(), slow.data(), d);

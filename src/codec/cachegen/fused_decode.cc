@@ -196,7 +196,7 @@ inline void FlushRows(const RowContext& g, int heads, uint32_t first, uint32_t n
   const uint32_t D = g.dim;
   float* out = GrowScratch(x, size_t{n} * D);
   for (int h = 0; h < heads; ++h) {
-    HeadRowsFromCoding(g.transform_t + size_t(h) * D * D, g.coded + size_t(h) * g.slots * D, out, D, n);
+    HeadRowsFromCoding(g.transform_t + size_t(h) * D * D, g.coded + size_t(h) * g.slots * D, out, D, n, D);
     for (uint32_t i = 0; i < n; ++i) g.sink->Store(first + i, g.head0 + h, out + size_t{i} * D);
   }
 }

@@ -13,6 +13,7 @@
 // coding domain is component c) and decoders restore x = U y.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -26,16 +27,20 @@ namespace cachegen {
 // fused multiply-adds that every decoder computes alike (scalar std::fma,
 // AVX2 vfmadd).
 void TransposeTimes(const float* a, const float* in, float* out, uint32_t d);
-// The same for `rows` rows at once (in and out [rows][d], not overlapping):
-// the same bits as one call per row, faster from 2 rows on.
-void TransposeTimesRows(const float* a, const float* in, float* out, uint32_t d, uint32_t rows);
+// The same for `rows` rows at once, row i of in and of out starting at
+// i * stride (stride >= d; in and out not overlapping): the same bits as one
+// call per row, faster from 2 rows on.
+void TransposeTimesRows(const float* a, const float* in, float* out, uint32_t d, uint32_t rows, size_t stride);
 // Coding: y = U^T x.
 inline void HeadToCoding(const float* u, const float* x, float* y, uint32_t d) { TransposeTimes(u, x, y, d); }
 // Decoding: x = U y, given ut = U^T (row-major), whose transpose U is.
 inline void HeadFromCoding(const float* ut, const float* y, float* x, uint32_t d) { TransposeTimes(ut, y, x, d); }
-// The same for `rows` rows of one head.
-inline void HeadRowsFromCoding(const float* ut, const float* y, float* x, uint32_t d, uint32_t rows) {
-  TransposeTimesRows(ut, y, x, d, rows);
+// The same for `rows` rows of one head, `stride` floats apart.
+inline void HeadRowsToCoding(const float* u, const float* x, float* y, uint32_t d, uint32_t rows, size_t stride) {
+  TransposeTimesRows(u, x, y, d, rows, stride);
+}
+inline void HeadRowsFromCoding(const float* ut, const float* y, float* x, uint32_t d, uint32_t rows, size_t stride) {
+  TransposeTimesRows(ut, y, x, d, rows, stride);
 }
 // U^T of a d x d matrix.
 std::vector<float> Transposed(std::span<const float> u, uint32_t d);

@@ -363,11 +363,8 @@ SectionAnalysis::SectionAnalysis(const SectionLayout& layout, std::span<const fl
     rows_ = y_;
   } else if (layout.transform) {
     y_.resize(rows_.size());
-    for (uint32_t t = 0; t < tq; ++t)
-      for (uint32_t h = 0; h < layout.kv_heads; ++h) {
-        const size_t at = size_t{t} * C + size_t{h} * D;
-        HeadToCoding(layout.transform + size_t{h} * D * D, &rows_[at], &y_[at], D);
-      }
+    for (uint32_t h = 0; h < layout.kv_heads; ++h)
+      HeadRowsToCoding(layout.transform + size_t{h} * D * D, &rows_[size_t{h} * D], &y_[size_t{h} * D], D, tq, C);
     rows_ = y_;
   }
 
