@@ -121,6 +121,9 @@ uint64_t EstimateStreamBytesWithTables(std::span<const uint32_t> symbols, std::s
 // The same from the symbols' cost (n symbols, scale 1).
 uint64_t EstimateStreamBytesWithTables(const TableStreamCost& cost, size_t n, const EncodeOptions& options = {});
 // The decoder's form of a FreqTable: one entry per slot (TableForm::kSymbols).
+// escape: the symbol whose value continues in the escape area, or
+// kNoEscape when no slot decodes to it (its frequency is 0).
+inline constexpr uint32_t kNoEscape = UINT32_MAX;
 struct DecodeTable {
   alignas(64) uint32_t entry[kProbScale];
   uint32_t escape = 0;
@@ -134,8 +137,8 @@ void BuildValueTable(const FreqTable& table, uint32_t* entries);
 // DecodeStream; a mode-2 stream (inline table) is kCorrupt here.
 Status DecodeStreamWithTables(ByteReader& in, std::span<const DecodeTable* const> cycle, std::span<uint32_t> out);
 // The same in two steps, so that a caller can decode several streams
-// together (one-lane streams and 8-lane streams of cycles of 8k tables in
-// lockstep groups, as DecodeParsed does). ParseStreamWithTables validates
+// together (streams of one length, lane count and period in lockstep
+// groups). ParseStreamWithTables validates
 // the header of a stream of n symbols and keeps spans into `in`'s bytes and
 // the cycle (all of which must outlive the decode).
 struct TableStream {
@@ -151,6 +154,7 @@ struct TableStream {
 Status ParseStreamWithTables(ByteReader& in, std::span<const DecodeTable* const> cycle, std::span<uint32_t> out,
                              TableStream* s);
 // Decodes each parsed stream into its out; the first failure is returned.
+// The one rANS decoder: DecodeParsed and DecodeStream come here too.
 Status DecodeStreamsWithTables(std::span<TableStream* const> streams);
 
 // Stream mode bytes (FORMAT.md "Symbol streams").
@@ -181,7 +185,9 @@ enum class TableForm : uint8_t {
 };
 
 struct ParsedStream {
-  alignas(64) uint32_t table[kProbScale];  // entries of `form`
+  // Entries of `form`; table.escape is E when escape_used, else kNoEscape
+  // (DecodeParsed decodes the stream as the cycle of this one table).
+  DecodeTable table;
   alignas(32) uint32_t state[kMaxLanes];
   size_t n = 0;
   uint8_t mode = 0;
@@ -210,8 +216,9 @@ Status ParseStreamHeader(ByteReader& in, size_t n, StreamHeader* h);
 // here): mode, constant, lanes, escape area and payload (no table; escape
 // and escape_used are the tables' to say).
 Status ParseTableStreamHeader(ByteReader& in, size_t n, StreamHeader* h);
-// Decodes each parsed stream into outs[k] (streams[k]->n symbols). Every
-// payload check of DecodeStream applies; the first failure is returned.
+// Decodes each parsed stream into outs[k] (streams[k]->n symbols), each as
+// the cycle of its one table (DecodeStreamsWithTables). Every payload check
+// of DecodeStream applies; the first failure is returned.
 Status DecodeParsed(std::span<ParsedStream* const> streams, std::span<uint32_t* const> outs);
 
 }  // namespace cachegen::rans

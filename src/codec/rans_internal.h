@@ -181,4 +181,30 @@ __attribute__((always_inline)) inline void RenormUnchecked(uint32_t& x, const ui
   pos += m & 1;
 }
 
+// A stream's body words as a block decoder reads them. A block reads a
+// fixed number of words whatever it consumes, so a stream is read from its
+// payload while a block's reads fit, and from a zero-padded copy of its last
+// words after that (made once into *copy: `need` must not grow). A block
+// that consumed words past the payload makes the stream corrupt (Overrun).
+// Shared: the rANS decoder's lockstep groups and the fused section decoder.
+struct PaddedWords {
+  const uint8_t* words = nullptr;  // payload body, or its padded copy
+  size_t limit = 0;                // payload words at `words`
+  size_t pos = 0;                  // next word at `words`
+  bool padded = false;
+  std::vector<uint8_t>* copy = nullptr;
+
+  void Ensure(size_t need) {
+    if (padded || limit - pos >= need) return;
+    const size_t rem = limit - pos;
+    copy->assign(2 * (rem + need), 0);
+    std::memcpy(copy->data(), words + 2 * pos, 2 * rem);
+    words = copy->data();
+    limit = rem;
+    pos = 0;
+    padded = true;
+  }
+  bool Overrun() const { return pos > limit; }
+};
+
 }  // namespace cachegen::rans::internal

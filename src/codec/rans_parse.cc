@@ -113,7 +113,8 @@ Status ParseStream(ByteReader& in, size_t n, ParsedStream* s, TableForm form) {
   s->lanes = h.lanes;
   s->esc = h.esc;
   s->payload = h.payload;
-  BuildTable(h.freq.data(), h.escape, s->table, form);
+  BuildTable(h.freq.data(), h.escape, s->table.entry, form);
+  s->table.escape = h.escape_used ? h.escape : kNoEscape;
   for (uint32_t j = 0; j < h.lanes; ++j)
     s->state[j] = Load16(s->payload.data() + 4 * j) | (Load16(s->payload.data() + 4 * j + 2) << 16);
   return Status::Ok();

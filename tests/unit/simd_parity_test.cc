@@ -351,8 +351,8 @@ TEST_F(SimdParity, ValueFormTablesMatchSymbolTables) {
   const auto val_scalar = parse(rans::TableForm::kZigZagValues, false);
   ASSERT_EQ(sym->mode, rans::kModeRans);
   for (uint32_t slot = 0; slot < rans::kProbScale; ++slot) {
-    const uint32_t a = sym->table[slot], b = val->table[slot];
-    ASSERT_EQ(b, val_scalar->table[slot]) << slot;
+    const uint32_t a = sym->table.entry[slot], b = val->table.entry[slot];
+    ASSERT_EQ(b, val_scalar->table.entry[slot]) << slot;
     const uint32_t v = a & 0xff;
     const int32_t q = v == sym->escape ? -128 : static_cast<int32_t>(v >> 1) ^ -static_cast<int32_t>(v & 1);
     EXPECT_EQ(static_cast<int32_t>(b) >> 24, q) << slot;

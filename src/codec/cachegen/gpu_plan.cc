@@ -149,7 +149,7 @@ Status AddTableStream(Plan* plan, std::span<const uint8_t> input, ByteReader& r,
   CG_RETURN_IF_ERROR(rans::ParseTableStreamHeader(r, n, &h));
   DescribeStream(input, h, n, d);
   if (h.mode != kStreamTable) return Status::Ok();
-  d->escape_used = 1;  // a table's escape symbol may always occur (rans_decode_cycles.cc)
+  d->escape_used = 1;  // a table's escape symbol may always occur (rans_decode.cc)
   CG_ASSIGN_OR_RETURN(d->cycle_off, Next32(plan->indices, cycle.size()));
   d->period = static_cast<uint32_t>(cycle.size());
   plan->indices.insert(plan->indices.end(), cycle.begin(), cycle.end());

@@ -303,7 +303,7 @@ bool FusedStreams(const BatchStreams& b, const SectionLayout& l, const SectionTa
     if (!b.table_form[k]) {
       const rans::ParsedStream& p = *b.inline_stream[k];
       if (p.mode != rans::kModeRans || p.lanes != 8) return false;
-      f = {p.table, nullptr, p.escape, nullptr, p.state, p.esc, p.payload};
+      f = {p.table.entry, nullptr, p.escape, nullptr, p.state, p.esc, p.payload};
       continue;
     }
     *plain = false;
