@@ -12,8 +12,9 @@
 // without a model profile, each profile feature on and off, RoPE kinds and
 // partial dims, rotation, delta groups, recent windows, escapes, one-token
 // chunks), the GPU cases (output layouts: padded rows, pages), each in every
-// output dtype; and hostile frames: payload bytes changed with the checksums
-// recomputed, so that each schedule's own stream validation decides.
+// output dtype; hostile frames: payload bytes changed with the checksums
+// recomputed, so that each schedule's own stream validation decides; and the
+// decode fuzzer's corpus, as containers and as frames.
 //
 // A schedule gives the reference's verdict and, where it accepts, the
 // reference's bytes. The CUDA schedules may answer kUnsupported for frames
@@ -23,8 +24,12 @@
 
 #include <array>
 #include <barrier>
+#include <algorithm>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <random>
@@ -40,6 +45,7 @@
 #include "codec/codec.h"
 #include "common/simd.h"
 #include "format/frame.h"
+#include "fuzz/fuzz_profiles.h"
 #include "gpu_cases.h"
 #include "kv/synthetic.h"
 
@@ -510,6 +516,47 @@ TEST(ScheduleParityHostile, ChangedPayloadBytesGetTheReferenceVerdict) {
     EXPECT_GT(rejected, 0) << c.name;
     PrintTally(c.name + " (hostile)", tally);
   }
+}
+
+// The decode fuzzer's corpus (tests/fuzz/corpus/decode_fuzz: the inputs its
+// runs kept for new coverage -- mostly hostile bytes with recomputed
+// checksums, valid containers and frames of every codec, some of them coded
+// with the fuzzer's model profiles), each as a container and as a frame:
+// every schedule reaches the reference's verdict and, where it accepts,
+// writes its bytes.
+TEST(ScheduleParityFuzzCorpus, EveryInputGetsTheReferenceVerdict) {
+  constexpr uint64_t kMaxValues = 1u << 18;  // outputs this test allocates
+  const std::filesystem::path dir = std::filesystem::path(CACHEGEN_SOURCE_DIR) / "tests/fuzz/corpus/decode_fuzz";
+  std::vector<std::filesystem::path> files;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) files.push_back(entry.path());
+  std::sort(files.begin(), files.end());
+  ASSERT_GE(files.size(), 20u) << dir;
+  const ProfileSet* profiles = &fuzz::Profiles().set;
+  std::map<std::string, Tally> tally;
+  uint64_t accepted = 0, rejected = 0;
+  for (size_t i = 0; i < files.size(); ++i) {
+    std::ifstream f(files[i], std::ios::binary);
+    const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const std::string name = files[i].filename().string();
+    // A shape from the input's own header where it has one (else any: every
+    // schedule must refuse it).
+    KVShape container{1, 1, 1, 1}, frame{1, 1, 1, 1};
+    if (auto d = Decoder::Open(bytes, profiles); d.ok()) container = d->info().shape;
+    if (auto fi = InspectFrame(bytes); fi.ok()) frame = fi->shape;
+    for (const bool as_frame : {false, true}) {
+      const KVShape& shape = as_frame ? frame : container;
+      if (shape.values() > kMaxValues) continue;
+      const Input in{name + (as_frame ? " as a frame" : " as a container"), bytes, as_frame, 0,
+                     gpu::ContiguousLayout(shape, DType::kF16), profiles};
+      Status ref;
+      CheckInput(in, /*cuda_takes=*/false, /*emulate=*/i % 4 == 0, &tally, &ref);
+      (ref.ok() ? accepted : rejected) += 1;
+    }
+  }
+  EXPECT_GT(accepted, 0u);
+  EXPECT_GT(rejected, 0u);
+  PrintTally("fuzz corpus (" + std::to_string(accepted) + " accepted, " + std::to_string(rejected) + " rejected)",
+             tally);
 }
 
 }  // namespace
