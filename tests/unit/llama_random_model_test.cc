@@ -66,8 +66,9 @@ void ExpectRoundTripIsBitExact(const std::shared_ptr<LlamaModel>& model, const s
     ASSERT_TRUE(cap.ok()) << cap.status().ToString();
     const LlamaModelInfo& in = model->info();
     EXPECT_EQ(cap->kv.shape(), (KVShape{in.layers, in.kv_heads, in.head_dim, static_cast<uint32_t>(n)}));
-    if (std::string(c.k) != c.v || std::string(c.k).starts_with("q") || std::string(c.k).starts_with("iq"))
+    if (std::string(c.k) != c.v || std::string(c.k).starts_with("q") || std::string(c.k).starts_with("iq")) {
       EXPECT_EQ(cap->kv.dtype(), DType::kF32);  // dequantized values are not all f16 values
+    }
     const int32_t last = toks.back();
     ASSERT_TRUE((*src)->Eval(std::span<const int32_t>(&last, 1), n).ok());
     const std::vector<float> want((*src)->Logits(0).begin(), (*src)->Logits(0).end());
