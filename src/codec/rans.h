@@ -185,15 +185,14 @@ enum class TableForm : uint8_t {
 };
 
 struct ParsedStream {
-  // Entries of `form`; table.escape is E when escape_used, else kNoEscape
-  // (DecodeParsed decodes the stream as the cycle of this one table).
+  // Entries of `form`; table.escape is E when E's frequency is not 0, else
+  // kNoEscape (DecodeParsed decodes the stream as the cycle of this one table).
   DecodeTable table;
   alignas(32) uint32_t state[kMaxLanes];
   size_t n = 0;
   uint8_t mode = 0;
   uint32_t constant = 0;  // constant mode
   uint32_t escape = 0;    // rANS mode: escape symbol E, lanes, areas
-  bool escape_used = false;
   uint32_t lanes = 0;
   TableForm form = TableForm::kSymbols;
   std::span<const uint8_t> esc, payload;

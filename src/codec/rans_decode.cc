@@ -43,8 +43,16 @@ std::vector<uint8_t>& PadCopy(int k) {
 
 Status PayloadMismatch() { return Corrupt("payload length does not match the coded symbols"); }
 
-// Replaces each escape symbol e in out[i0, i1) by e + the next varint of er.
-// False when er runs out or a value would exceed 32 bits.
+// Adds the next varint of er to the escape symbol *v. False when er runs out
+// or the value would exceed 32 bits.
+bool ReadEscape(uint32_t* v, ByteReader& er) {
+  const uint64_t d = er.Varint();
+  if (!er.ok() || d > UINT32_MAX - *v) return false;
+  *v += static_cast<uint32_t>(d);
+  return true;
+}
+
+// ReadEscape for each escape symbol e in out[i0, i1), in order.
 bool PatchEscapes(uint32_t e, uint32_t* out, size_t i0, size_t i1, ByteReader& er) {
   constexpr size_t kScan = 32;
   for (; i0 < i1; i0 += kScan) {
@@ -52,18 +60,14 @@ bool PatchEscapes(uint32_t e, uint32_t* out, size_t i0, size_t i1, ByteReader& e
     bool any = false;  // branch-free scan first: escapes are rare
     for (size_t i = i0; i < end; ++i) any |= out[i] == e;
     if (!any) continue;
-    for (size_t i = i0; i < end; ++i) {
-      if (out[i] != e) continue;
-      const uint64_t d = er.Varint();
-      if (!er.ok() || d > UINT32_MAX - e) return false;
-      out[i] = static_cast<uint32_t>(e + d);
-    }
+    for (size_t i = i0; i < end; ++i)
+      if (out[i] == e && !ReadEscape(&out[i], er)) return false;
   }
   return true;
 }
 
 #if defined(__x86_64__)
-// PatchEscapes over 32 symbols per test.
+// PatchEscapes, 32 symbols per test.
 __attribute__((target("avx2"))) bool PatchEscapesAvx2(uint32_t e, uint32_t* out, size_t n, ByteReader& er) {
   const __m256i ev = _mm256_set1_epi32(static_cast<int>(e));
   size_t i = 0;
@@ -80,6 +84,14 @@ __attribute__((target("avx2"))) bool PatchEscapesAvx2(uint32_t e, uint32_t* out,
 }
 #endif
 
+// PatchEscapes over out[0, n).
+bool PatchAllEscapes(uint32_t e, uint32_t* out, size_t n, ByteReader& er) {
+#if defined(__x86_64__)
+  if (simd::Avx2()) return PatchEscapesAvx2(e, out, n, er);
+#endif
+  return PatchEscapes(e, out, 0, n, er);
+}
+
 // Escape symbols (each table's own) replaced by their values, read in symbol
 // order from the escape area, which must be used up.
 Status ResolveEscapes(const TableStream& s) {
@@ -87,20 +99,10 @@ Status ResolveEscapes(const TableStream& s) {
   bool ok = true;
   if (s.cycle.size() == 1) {
     const uint32_t e = s.cycle[0]->escape;
-    if (e == kNoEscape) {
-      // No symbol decodes to it.
-    } else
-#if defined(__x86_64__)
-        if (simd::Avx2()) {
-      ok = PatchEscapesAvx2(e, s.out, s.n, er);
-    } else
-#endif
-    {
-      ok = PatchEscapes(e, s.out, 0, s.n, er);
-    }
+    ok = e == kNoEscape || PatchAllEscapes(e, s.out, s.n, er);  // kNoEscape: no symbol decodes to it
   } else {
     for (size_t i = 0, p = 0; ok && i < s.n; ++i, p = p + 1 == s.cycle.size() ? 0 : p + 1)
-      if (s.out[i] == s.cycle[p]->escape) ok = PatchEscapes(s.out[i], s.out, i, i + 1, er);
+      if (s.out[i] == s.cycle[p]->escape) ok = ReadEscape(&s.out[i], er);
   }
   if (!ok) return Corrupt("escape area exhausted or out of range");
   if (er.remaining() != 0) return Corrupt("escape area has unread bytes");

@@ -109,7 +109,6 @@ Status ParseStream(ByteReader& in, size_t n, ParsedStream* s, TableForm form) {
   s->constant = h.constant;
   if (h.mode != kModeRans) return Status::Ok();
   s->escape = h.escape;
-  s->escape_used = h.escape_used;
   s->lanes = h.lanes;
   s->esc = h.esc;
   s->payload = h.payload;
